@@ -1,0 +1,77 @@
+"""`python -m dp_helpers train | doctor`: the main job and the machine report (see README)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .config import add_train_flags, config_from_args, validate
+from .data import shard_plan
+from .env import BACKENDS
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The CLI's parser with its two commands."""
+    parser = argparse.ArgumentParser(prog="python -m dp_helpers", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser("train", help="train the seed's problem with DDP and write a run folder")
+    train.add_argument("--world-size", type=int, default=None,
+                       help="processes (default: one per GPU with >= 2 GPUs, else 2 CPU processes)")
+    train.add_argument("--backend", choices=BACKENDS, default="auto", help="process-group backend")
+    add_train_flags(train)
+    train.add_argument("--out", default=None, help="run folder (default: a new one under runs/)")
+    train.add_argument("--timeout", type=float, default=600.0, help="seconds before the run is stopped")
+    sub.add_parser("doctor", help="what this machine can do and what train would pick")
+    return parser
+
+
+def cmd_doctor(_args: argparse.Namespace) -> int:
+    """Print the environment report."""
+    from .env import format_report, report
+
+    print(format_report(report()))
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """Validate, launch the DDP job with a progress bar, draw loss.png, print where everything is."""
+    from .launch import plan_world_size, run_ddp
+    from .plotting import save_loss_figure
+
+    cfg = config_from_args(args)
+    world_size = plan_world_size(args.world_size, args.backend)
+    validate(cfg, world_size)
+    plan = shard_plan(cfg.samples, world_size, cfg.batch_size)
+    result = run_ddp("dp_helpers.scripts.train", *cfg.as_args(), world_size=world_size,
+                     backend=args.backend, out_dir=args.out, timeout=args.timeout,
+                     progress=plan.steps_per_epoch * cfg.epochs)
+    save_loss_figure(result.run_dir, Path(result.run_dir) / "loss.png")
+    summary = result.summary
+    print(f"final loss {summary['final_loss']:.6f} after {summary['steps']} steps on "
+          f"{result.world_size} x {result.backend} in {result.wall_time:.1f}s")
+    print(f"equivalence: {summary['equivalence']}")
+    print(f"run folder: {result.run_dir}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: bad input and failed runs end in one clear line and a non-zero exit, never a traceback."""
+    from .launch import DistributedRunError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return {"train": cmd_train, "doctor": cmd_doctor}[args.command](args)
+    except (ValueError, TypeError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except DistributedRunError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted: the run was stopped and no process is left running.", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""The training job's explicit configuration: flags -> dataclass -> one-sentence validation (taught in notebook 03)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from dataclasses import asdict, dataclass, fields
+
+from .models import MODELS
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """What the `train` job trains; the defaults reproduce the seed's problem."""
+
+    epochs: int = 10
+    batch_size: int = 10  # per process (micro_batch_size); global_batch_size = world_size * batch_size
+    lr: float = 0.01
+    samples: int = 100
+    dim: int = 10
+    seed: int = 0
+    model: str = "linear"
+
+    def as_args(self) -> list[str]:
+        """The same config as worker command-line flags."""
+        return [arg for f in fields(self) for arg in (f"--{f.name.replace('_', '-')}", str(getattr(self, f.name)))]
+
+    def as_dict(self) -> dict:
+        """The config as a plain dict (for summary.json)."""
+        return asdict(self)
+
+
+def check_int(name: str, value, minimum: int) -> None:
+    """Raise TypeError unless value is a real int (not bool), ValueError if below minimum."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__}).")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}.")
+
+
+def check_positive_number(name: str, value) -> None:
+    """Raise unless value is a finite number > 0 (NaN and inf are refused)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__}).")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a finite number > 0, got {value}.")
+
+
+def validate(cfg: TrainConfig, world_size: int = 1) -> None:
+    """Refuse a config that cannot train, with one sentence naming the flag and the fix."""
+    for name, minimum in (("epochs", 1), ("batch_size", 1), ("samples", 1), ("dim", 1), ("seed", 0)):
+        check_int(name, getattr(cfg, name), minimum)
+    check_positive_number("lr", cfg.lr)
+    if cfg.model not in MODELS:
+        raise ValueError(f"model must be one of {', '.join(MODELS)}, got {cfg.model!r}.")
+    if cfg.samples < world_size:
+        raise ValueError(f"samples={cfg.samples} is fewer than world_size={world_size}: some ranks would "
+                         "only see padding; use more samples or fewer processes.")
+
+
+def add_train_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags shared by the CLI and the worker script, defaults from TrainConfig."""
+    d = TrainConfig()
+    parser.add_argument("--epochs", type=int, default=d.epochs, help="passes over the data")
+    parser.add_argument("--batch-size", type=int, default=d.batch_size, help="samples per process per step")
+    parser.add_argument("--lr", type=float, default=d.lr, help="SGD learning rate")
+    parser.add_argument("--samples", type=int, default=d.samples, help="synthetic samples")
+    parser.add_argument("--dim", type=int, default=d.dim, help="features per sample")
+    parser.add_argument("--seed", type=int, default=d.seed, help="seeds data, weights and shuffling")
+    parser.add_argument("--model", choices=MODELS, default=d.model, help="linear (the seed's) or mlp")
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """Pick the TrainConfig fields out of parsed flags."""
+    return TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
+
+
+def worker_parser() -> argparse.ArgumentParser:
+    """Flags of the worker script: the training config plus the run folder."""
+    parser = argparse.ArgumentParser(description="DDP training worker (run under torchrun).")
+    add_train_flags(parser)
+    parser.add_argument("--out", default=os.environ.get("DP_RUN_DIR", "runs/train"),
+                        help="run folder (default: $DP_RUN_DIR set by the launcher)")
+    return parser

@@ -1,0 +1,84 @@
+"""setup()/teardown() for scripts run under torchrun: explicit rank info, a short timeout, no globals (taught in notebook 03)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from .env import resolve_backend
+
+DEFAULT_PG_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Who this process is in the group, and where its tensors live."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+    backend: str
+    is_main: bool
+
+    def tag(self) -> str:
+        """The '[rank r/W]' prefix for per-rank lines."""
+        return f"[rank {self.rank}/{self.world_size}]"
+
+
+def torchrun_env() -> tuple[int, int, int]:
+    """RANK, LOCAL_RANK, WORLD_SIZE from torchrun, or a clear error when run without it."""
+    missing = [k for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE") if k not in os.environ]
+    if missing:
+        raise RuntimeError(f"{', '.join(missing)} not set: run this script under torchrun "
+                           "(python -m torch.distributed.run) or dp_helpers.launch.run_ddp.")
+    return int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+
+
+def exit_when_orphaned(poll_s: float = 0.5) -> threading.Thread:
+    """Start a daemon thread that ends this worker if its launcher dies (a SIGKILLed torchrun cannot stop us)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(70)  # os._exit works even while the main thread is stuck in a collective
+
+    thread = threading.Thread(target=watch, name="dp-orphan-watchdog", daemon=True)
+    thread.start()
+    return thread
+
+
+def setup(backend: str | None = None, timeout_s: float | None = None) -> DistInfo:
+    """Join the process group torchrun prepared; a mismatched collective then fails within timeout_s."""
+    rank, local_rank, world_size = torchrun_env()
+    backend = resolve_backend(backend or os.environ.get("DP_BACKEND", "auto"), world_size,
+                              nnodes=int(os.environ.get("DP_NNODES", "1")))
+    timeout_s = float(timeout_s or os.environ.get("DP_PG_TIMEOUT", DEFAULT_PG_TIMEOUT_S))
+    if backend == "nccl":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    exit_when_orphaned()
+    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    return DistInfo(rank, local_rank, world_size, device, backend, rank == 0)
+
+
+def teardown() -> None:
+    """Destroy the process group if one exists (safe to call in a finally block)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def print0(info: DistInfo, *args, **kwargs) -> None:
+    """Print on rank 0 only: summaries are said once, not world_size times."""
+    if info.is_main:
+        print(*args, flush=True, **kwargs)
+

@@ -1,0 +1,138 @@
+"""What this machine can do, and the backend and world size the training job picks (taught in notebook 01's setup cell)."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+
+BACKENDS = ("auto", "gloo", "nccl")
+
+
+@dataclass(frozen=True)
+class EnvReport:
+    """A snapshot of the runtime: cores, GPUs, notebook host and the launch choice with its reason."""
+
+    python: str
+    torch: str
+    cpu_cores: int
+    gpu_count: int
+    gpu_names: tuple[str, ...]
+    platform: str
+    cuda_initialized: bool
+    nccl_available: bool
+    backend: str
+    world_size: int
+    reason: str
+
+    def as_dict(self) -> dict:
+        """The report as a plain dict (for JSON)."""
+        return asdict(self)
+
+
+def cpu_cores() -> int:
+    """CPU cores this process may run on (the affinity mask, not the machine's total)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def gpu_count() -> int:
+    """Number of visible CUDA GPUs; 0 on CPU builds (does not initialise CUDA)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def gpu_names(count: int) -> tuple[str, ...]:
+    """GPU names from nvidia-smi, so asking never initialises CUDA in this process."""
+    if count == 0:
+        return ()
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        out = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        names = tuple(line.strip() for line in out.stdout.splitlines() if line.strip())
+        if names:
+            return names[:count]
+    return tuple("unknown GPU" for _ in range(count))
+
+
+def detect_platform() -> str:
+    """'colab', 'kaggle' or 'local', from the environment the notebook host sets."""
+    if "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ:
+        return "colab"
+    if any(key.startswith("KAGGLE_KERNEL") for key in os.environ):
+        return "kaggle"
+    return "local"
+
+
+def nccl_available() -> bool:
+    """Whether this torch build ships the NCCL backend."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_nccl_available()
+
+
+def choose_launch(n_gpus: int, has_nccl: bool) -> tuple[str, int, str]:
+    """The backend and world size `train` uses by default, and why."""
+    if n_gpus >= 2 and has_nccl:
+        return "nccl", n_gpus, f"{n_gpus} GPUs and NCCL: one process per GPU on nccl"
+    if n_gpus == 1:
+        return "gloo", 2, "1 GPU: real DDP needs >= 2 GPUs, so 2 CPU processes on gloo"
+    if n_gpus >= 2:
+        return "gloo", 2, "GPUs found but this torch has no NCCL, so 2 CPU processes on gloo"
+    return "gloo", 2, "no GPU: 2 CPU processes on gloo"
+
+
+def resolve_backend(backend: str, world_size: int, n_gpus: int | None = None,
+                    has_nccl: bool | None = None, nnodes: int = 1) -> str:
+    """Turn 'auto' into a concrete backend and refuse a combination that cannot run, in one sentence."""
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}.")
+    n_gpus = gpu_count() if n_gpus is None else n_gpus
+    has_nccl = nccl_available() if has_nccl is None else has_nccl
+    local_world = world_size // max(nnodes, 1)
+    if backend == "auto":
+        return "nccl" if has_nccl and n_gpus >= max(local_world, 2) else "gloo"
+    if backend == "nccl" and not has_nccl:
+        raise ValueError("backend 'nccl' is not built into this torch (a CPU build?); use backend 'gloo'.")
+    if backend == "nccl" and n_gpus < local_world:
+        raise ValueError(f"backend 'nccl' needs one GPU per process: {local_world} processes per node "
+                         f"but {n_gpus} GPU(s) visible; lower the world size or use backend 'gloo'.")
+    return backend
+
+
+def report() -> EnvReport:
+    """Collect the environment report that `python -m dp_helpers doctor` prints."""
+    import torch
+
+    n_gpus = gpu_count()
+    has_nccl = nccl_available()
+    backend, world_size, reason = choose_launch(n_gpus, has_nccl)
+    return EnvReport(python=sys.version.split()[0], torch=torch.__version__, cpu_cores=cpu_cores(),
+                     gpu_count=n_gpus, gpu_names=gpu_names(n_gpus), platform=detect_platform(),
+                     cuda_initialized=bool(torch.cuda.is_initialized()), nccl_available=has_nccl,
+                     backend=backend, world_size=world_size, reason=reason)
+
+
+def format_report(rep: EnvReport) -> str:
+    """The report as aligned text lines."""
+    gpus = ", ".join(rep.gpu_names) if rep.gpu_names else "none"
+    rows = [("python", rep.python), ("torch", rep.torch), ("cpu cores", rep.cpu_cores),
+            ("gpus", f"{rep.gpu_count} ({gpus})"), ("platform", rep.platform),
+            ("cuda initialised here", rep.cuda_initialized), ("nccl available", rep.nccl_available),
+            ("train would use", f"backend={rep.backend} world_size={rep.world_size}"),
+            ("why", rep.reason)]
+    return "\n".join(f"{name:<22} {value}" for name, value in rows)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's and torch's global RNGs with the same value on every rank (data and model use their own seeded generators)."""
+    import torch
+
+    random.seed(seed)
+    torch.manual_seed(seed)

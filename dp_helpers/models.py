@@ -1,0 +1,45 @@
+"""The seed's SimpleModel and a small MLP, both ending in a sigmoid for BCE (used by every notebook)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+MODELS = ("linear", "mlp")
+
+
+class SimpleModel(nn.Module):
+    """The seed's model: one linear layer and a sigmoid."""
+
+    def __init__(self, input_dim: int):
+        super().__init__()
+        self.fc = nn.Linear(input_dim, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.fc(x))
+
+
+class MLP(nn.Module):
+    """A ReLU MLP with `depth` hidden layers of width `hidden` and a sigmoid output."""
+
+    def __init__(self, input_dim: int, hidden: int = 64, depth: int = 2):
+        super().__init__()
+        layers: list[nn.Module] = []
+        width = input_dim
+        for _ in range(depth):
+            layers += [nn.Linear(width, hidden), nn.ReLU()]
+            width = hidden
+        layers.append(nn.Linear(width, 1))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.net(x))
+
+
+def build_model(name: str, input_dim: int, seed: int) -> nn.Module:
+    """A freshly initialised model, its weights fixed by `seed` alone (same on every rank)."""
+    if name not in MODELS:
+        raise ValueError(f"model must be one of {', '.join(MODELS)}, got {name!r}.")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return SimpleModel(input_dim) if name == "linear" else MLP(input_dim)

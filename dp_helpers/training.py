@@ -1,0 +1,23 @@
+"""The training step shared by the DDP script and the single-process reference (taught in notebook 03)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def make_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
+    """Plain SGD, as in the seed."""
+    return torch.optim.SGD(model.parameters(), lr=lr)
+
+
+def train_step(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
+               optimizer: torch.optim.Optimizer) -> torch.Tensor:
+    """One SGD step on a mean BCE loss; returns the detached local loss."""
+    optimizer.zero_grad(set_to_none=True)
+    outputs = model(inputs)
+    # mean reduction: DDP averages gradients across ranks, so mean-of-means == global mean
+    loss = nn.functional.binary_cross_entropy(outputs, targets.unsqueeze(1))
+    loss.backward()
+    optimizer.step()
+    return loss.detach()
