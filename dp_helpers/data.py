@@ -56,20 +56,20 @@ class ShardPlan:
 
     @property
     def equivalent_to_large_batch(self) -> bool:
-        """True when W ranks x batch B see exactly what one process with batch W*B sees."""
-        return self.samples % (self.world_size * self.batch_size) == 0
+        """True when W ranks x batch B see exactly the batches one process with batch W*B sees: no padding."""
+        return self.padded == 0
 
     def explain(self) -> str:
-        """One sentence on what differs from one process with the global batch, or that nothing does."""
-        if self.equivalent_to_large_batch:
-            return (f"{self.samples} samples divide into global batches of {self.world_size}x{self.batch_size}: "
-                    "identical to one process with the global batch.")
-        parts = []
+        """One sentence on whether this run matches one process with the global batch, and why."""
+        w, b = self.world_size, self.batch_size
         if self.padded:
-            parts.append(f"the sampler pads {self.padded} repeated sample(s) so every rank gets {self.per_rank}")
-        if self.last_batch != self.batch_size:
-            parts.append(f"each rank's last batch has {self.last_batch} sample(s), not {self.batch_size}")
-        return ("not identical to one process with the global batch: " + "; ".join(parts) + ".")
+            return (f"not identical to one process with batch {w * b}: {self.samples} samples do not split "
+                    f"evenly over {w} ranks, so the sampler repeats {self.padded} sample(s) every epoch "
+                    f"and the last global batch ({w}x{self.last_batch}) counts them twice.")
+        if self.last_batch != b:
+            return (f"identical to one process with batch {w * b}: each rank's last batch is short "
+                    f"({self.last_batch} samples), and one process ends on the same {w * self.last_batch} samples.")
+        return f"identical to one process with batch {w * b}: {self.samples} samples split into whole global batches."
 
 
 def shard_plan(samples: int, world_size: int, batch_size: int) -> ShardPlan:

@@ -355,19 +355,31 @@ def last_exception_line(log: str, rank: int) -> str:
     return hits[-1].split("] ", 1)[-1].strip() if hits else ""
 
 
+VICTIM_RE = re.compile(r"Connection (closed|reset) by peer|remote worker crash|Broken pipe", re.I)
+
+
+def culprit_first(found: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
+    """Order failures so a rank that raised comes before ranks that died of a peer's crash or were stopped."""
+    # torchrun's own root cause compares timestamps in whole seconds, so a victim can win a tie
+    return sorted(found, key=lambda f: (f[1] <= 0, bool(VICTIM_RE.search(f[2]))))
+
+
 def failure(rc: int, log: str, run_dir: Path) -> DistributedRunError:
     """Build the error for a failed run: root-cause rank, exit code and exception, then the log tail."""
     tail = "\n".join(log.splitlines()[-40:])
-    found = parse_failures(log)
+    found = [(rank, code, error_message(err_file) or last_exception_line(log, rank))
+             for rank, code, err_file in parse_failures(log)]
     if not found:
         return DistributedRunError(f"torchrun exited with code {rc} before any rank reported a failure; "
                                    f"last output:\n{tail}", exit_code=rc, log_tail=tail, run_dir=run_dir)
-    rank, code, err_file = found[0]
-    cause = error_message(err_file) or last_exception_line(log, rank) or "no exception recorded (killed by a signal?)"
-    others = ", ".join(f"rank {r} (exit code {c})" for r, c, _ in found[1:])
+    found = culprit_first(found)
+    rank, code, cause = found[0]
+    cause = cause or "no exception recorded (killed by a signal?)"
     message = f"rank {rank} failed with exit code {code}: {cause}"
-    if others:
-        message += f" [then stopped: {others}]"
+    if "Timed out" in cause:
+        message += " (this rank waited for a peer that never arrived: the hung rank may be another one)"
+    if found[1:]:
+        message += " [then stopped: " + ", ".join(f"rank {r} (exit code {c})" for r, c, _ in found[1:]) + "]"
     return DistributedRunError(f"{message}\nlast output:\n{tail}", ranks=tuple(r for r, _, _ in found),
                                exit_code=code, cause=cause, log_tail=tail, run_dir=run_dir)
 

@@ -1,0 +1,56 @@
+"""dp_helpers.config, training and reference: validation sentences, flag round trips, the reference learns."""
+
+import math
+
+import pytest
+
+from dp_helpers.config import TrainConfig, config_from_args, validate, worker_parser
+from dp_helpers.reference import train_reference
+
+
+@pytest.mark.parametrize("change, error, words", [
+    ({"epochs": 0}, ValueError, "epochs must be >= 1, got 0."),
+    ({"batch_size": 0}, ValueError, "batch_size must be >= 1, got 0."),
+    ({"batch_size": 2.5}, TypeError, "batch_size must be an int, got 2.5 (float)."),
+    ({"samples": True}, TypeError, "samples must be an int, got True (bool)."),
+    ({"dim": -3}, ValueError, "dim must be >= 1, got -3."),
+    ({"seed": -1}, ValueError, "seed must be >= 0, got -1."),
+    ({"lr": 0.0}, ValueError, "lr must be a finite number > 0, got 0.0."),
+    ({"lr": math.nan}, ValueError, "lr must be a finite number > 0, got nan."),
+    ({"lr": "0.1"}, TypeError, "lr must be a number, got '0.1' (str)."),
+    ({"model": "resnet"}, ValueError, "model must be one of linear, mlp, got 'resnet'."),
+])
+def test_validate_says_one_sentence(change, error, words):
+    cfg = TrainConfig(**{**TrainConfig().as_dict(), **change})
+    with pytest.raises(error) as info:
+        validate(cfg)
+    assert str(info.value) == words
+
+
+def test_fewer_samples_than_world_size():
+    with pytest.raises(ValueError, match=r"samples=3 is fewer than world_size=4"):
+        validate(TrainConfig(samples=3), world_size=4)
+
+
+def test_defaults_are_the_seeds_problem():
+    cfg = TrainConfig()
+    assert (cfg.samples, cfg.dim, cfg.batch_size, cfg.lr, cfg.epochs) == (100, 10, 10, 0.01, 10)
+
+
+def test_flags_round_trip():
+    cfg = TrainConfig(epochs=3, batch_size=7, lr=0.5, samples=33, dim=4, seed=9, model="mlp")
+    assert config_from_args(worker_parser().parse_args(cfg.as_args())) == cfg
+
+
+def test_reference_learns_and_repeats():
+    cfg = TrainConfig(epochs=30, lr=0.5, samples=200)
+    a, b = train_reference(cfg), train_reference(cfg)
+    assert a.losses == b.losses  # same seed, same process: bitwise
+    first, last = sum(a.losses[:10]) / 10, sum(a.losses[-10:]) / 10
+    assert last < 0.7 * first
+    assert len(a.losses) == 30 * 20  # 200 samples / batch 10
+
+
+def test_reference_world_size_means_global_batch():
+    res = train_reference(TrainConfig(epochs=2), world_size=4)
+    assert len(res.losses) == 2 * 3  # 100 samples / batch 40 -> 3 steps (the last has 20)

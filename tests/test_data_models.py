@@ -1,0 +1,84 @@
+"""dp_helpers.data and dp_helpers.models: synthetic data that can be learnt, the sampler arithmetic, seeded models."""
+
+import itertools
+
+import pytest
+import torch
+
+from dp_helpers.data import SimpleDataset, make_loader, make_synthetic, shard_plan
+from dp_helpers.models import MLP, SimpleModel, build_model
+
+
+def test_synthetic_is_seeded_and_learnable():
+    a, b = make_synthetic(200, 5, seed=1), make_synthetic(200, 5, seed=1)
+    torch.testing.assert_close(a.data, b.data)
+    assert not torch.equal(make_synthetic(200, 5, seed=2).data, a.data)
+    # labels follow the features: least squares on the features explains them far better than chance
+    x = torch.cat([a.data, torch.ones(200, 1)], dim=1)
+    w = torch.linalg.lstsq(x, a.target.unsqueeze(1)).solution
+    accuracy = ((x @ w > 0.5).float().squeeze(1) == a.target).float().mean()
+    assert accuracy > 0.8
+    assert 0.2 < a.target.mean() < 0.8
+
+
+def test_dataset_rejects_mismatched_lengths():
+    with pytest.raises(ValueError, match="3 rows but target has 2"):
+        SimpleDataset(torch.zeros(3, 2), torch.zeros(2))
+
+
+@pytest.mark.parametrize("samples, world_size, batch_size", list(itertools.product([7, 10, 30, 100], [1, 2, 3, 4], [1, 3, 5])))
+def test_shard_plan_matches_the_real_sampler(samples, world_size, batch_size):
+    plan = shard_plan(samples, world_size, batch_size)
+    ds = make_synthetic(samples, 2, seed=0)
+    for rank in range(world_size):
+        loader, sampler = make_loader(ds, batch_size, rank, world_size, seed=0)
+        sizes = [len(x) for x, _ in loader]
+        assert len(sampler) == plan.per_rank and len(sizes) == plan.steps_per_epoch
+        assert sizes[-1] == plan.last_batch
+    assert plan.padded == plan.per_rank * world_size - samples
+    assert plan.equivalent_to_large_batch == (samples % world_size == 0)
+
+
+def test_ranks_batches_union_is_the_global_batch():
+    """The identity DDP == large batch rests on: at step k the ranks together hold perm[k*W*B:(k+1)*W*B]."""
+    ds, world_size, batch_size = make_synthetic(48, 2, seed=0), 4, 3
+    for epoch in range(3):
+        single, s_sampler = make_loader(ds, world_size * batch_size, 0, 1, seed=5)
+        s_sampler.set_epoch(epoch)
+        per_rank = []
+        for rank in range(world_size):
+            _, sampler = make_loader(ds, batch_size, rank, world_size, seed=5)
+            sampler.set_epoch(epoch)
+            idx = list(sampler)
+            per_rank.append([idx[i:i + batch_size] for i in range(0, len(idx), batch_size)])
+        perm = list(s_sampler)
+        for k in range(len(per_rank[0])):
+            union = sorted(i for rank in range(world_size) for i in per_rank[rank][k])
+            assert union == sorted(perm[k * world_size * batch_size:(k + 1) * world_size * batch_size])
+
+
+def test_explain_names_what_differs():
+    assert "identical" in shard_plan(100, 2, 10).explain()
+    assert "short" in shard_plan(30, 2, 4).explain() and shard_plan(30, 2, 4).equivalent_to_large_batch
+    text = shard_plan(30, 4, 5).explain()
+    assert text.startswith("not identical") and "repeats 2 sample(s)" in text
+
+
+def test_build_model_is_seeded_and_leaves_global_rng_alone():
+    torch.manual_seed(123)
+    expected_next = torch.rand(1)
+    torch.manual_seed(123)
+    a = build_model("linear", 4, seed=7)
+    assert torch.equal(torch.rand(1), expected_next)  # building a model did not consume the global RNG
+    b = build_model("linear", 4, seed=7)
+    torch.testing.assert_close(a.state_dict(), b.state_dict())
+    assert not torch.equal(build_model("linear", 4, seed=8).fc.weight, a.fc.weight)
+    assert isinstance(a, SimpleModel) and isinstance(build_model("mlp", 4, seed=0), MLP)
+
+
+def test_models_output_probabilities():
+    for name in ("linear", "mlp"):
+        out = build_model(name, 6, seed=0)(torch.randn(5, 6))
+        assert out.shape == (5, 1) and bool(((out > 0) & (out < 1)).all())
+    with pytest.raises(ValueError, match="model must be one of linear, mlp, got 'cnn'"):
+        build_model("cnn", 6, seed=0)

@@ -1,0 +1,62 @@
+"""dp_helpers.env: the launch choice, backend validation and the doctor report."""
+
+import pytest
+
+from dp_helpers import env
+
+
+@pytest.mark.parametrize("gpus, nccl, expected", [
+    (0, False, ("gloo", 2)), (1, True, ("gloo", 2)), (2, True, ("nccl", 2)),
+    (8, True, ("nccl", 8)), (2, False, ("gloo", 2)),
+])
+def test_choose_launch(gpus, nccl, expected):
+    backend, world_size, reason = env.choose_launch(gpus, nccl)
+    assert (backend, world_size) == expected
+    assert reason and str(gpus if gpus else "no GPU") in reason
+
+
+def test_resolve_backend_auto():
+    assert env.resolve_backend("auto", 2, n_gpus=0, has_nccl=False) == "gloo"
+    assert env.resolve_backend("auto", 2, n_gpus=2, has_nccl=True) == "nccl"
+    assert env.resolve_backend("auto", 4, n_gpus=2, has_nccl=True) == "gloo"  # more ranks than GPUs
+    assert env.resolve_backend("auto", 4, n_gpus=2, has_nccl=True, nnodes=2) == "nccl"
+
+
+@pytest.mark.parametrize("backend, gpus, nccl, words", [
+    ("mpi", 0, False, "backend must be one of auto, gloo, nccl, got 'mpi'"),
+    ("Gloo", 0, False, "got 'Gloo'"),
+    ("nccl", 0, False, "not built into this torch"),
+    ("nccl", 1, True, "2 processes per node but 1 GPU(s) visible"),
+])
+def test_resolve_backend_refuses(backend, gpus, nccl, words):
+    with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        env.resolve_backend(backend, 2, n_gpus=gpus, has_nccl=nccl)
+
+
+def test_report_on_this_machine():
+    rep = env.report()
+    assert rep.cpu_cores >= 1 and rep.gpu_count == len(rep.gpu_names)
+    assert (rep.backend, rep.world_size, rep.reason) == env.choose_launch(rep.gpu_count, rep.nccl_available)
+    assert rep.cuda_initialized is False  # asking about GPUs must not initialise CUDA
+    text = env.format_report(rep)
+    for label in ("cpu cores", "gpus", "platform", "cuda initialised here", "train would use", "why"):
+        assert label in text
+    assert set(rep.as_dict()) >= {"cpu_cores", "gpu_count", "platform", "backend", "world_size", "reason"}
+
+
+@pytest.mark.parametrize("var, expected", [("KAGGLE_KERNEL_RUN_TYPE", "kaggle"), ("COLAB_RELEASE_TAG", "colab")])
+def test_detect_platform(monkeypatch, var, expected):
+    for key in ("KAGGLE_KERNEL_RUN_TYPE", "COLAB_RELEASE_TAG"):
+        monkeypatch.delenv(key, raising=False)
+    assert env.detect_platform() == "local"
+    monkeypatch.setenv(var, "x")
+    assert env.detect_platform() == expected
+
+
+def test_seed_everything_repeats():
+    import torch
+
+    env.seed_everything(3)
+    a = torch.rand(3)
+    env.seed_everything(3)
+    torch.testing.assert_close(torch.rand(3), a)

@@ -1,0 +1,162 @@
+"""run_ddp for real: live rank-prefixed output, crashes named by rank, timeouts, interrupts and killed kernels leave nothing."""
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from dp_helpers.launch import DistributedRunError, RunTimeoutError, run_ddp
+from tests.conftest import pids_alive, wait_for_files
+
+# A worker that ignores SIGINT and SIGTERM (as one stuck in native code would) and announces its pid.
+STUBBORN = """
+import os, pathlib, signal, sys, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+pathlib.Path(sys.argv[1], os.environ["RANK"] + ".pid").write_text(str(os.getpid()))
+print("ready", flush=True)
+while True:
+    time.sleep(0.1)
+"""
+
+CRASH = """
+import torch, torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+from dp_helpers import dist as dph
+
+@record
+def main():
+    info = dph.setup()
+    try:
+        for step in range(10_000):
+            if info.rank == 1 and step == 3:
+                raise ValueError("boom on rank 1 at step 3")
+            dist.all_reduce(torch.ones(1))  # rank 0 waits here for rank 1
+    finally:
+        dph.teardown()
+
+main()
+"""
+
+# Started like a notebook kernel would: run_ddp in the main thread of its own Python process.
+KERNEL = "import sys; from dp_helpers.launch import run_ddp; run_ddp(sys.argv[1], sys.argv[2], world_size=2, out_dir=sys.argv[3])"
+
+
+def test_live_prefixed_output_and_result(write_script, tmp_path, capsys):
+    script = write_script("""
+        import os
+        from dp_helpers.metrics import MetricsWriter
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        print(f"hello from {rank}", flush=True)
+        with MetricsWriter(os.environ["DP_RUN_DIR"], rank, world) as w:
+            w.log(epoch=0, step=0, loss=1.0 + rank, samples=2)
+        """)
+    result = run_ddp(script, world_size=2, out_dir=tmp_path / "run", timeout=120)
+    out = capsys.readouterr().out
+    assert "[rank 0/2] hello from 0" in out and "[rank 1/2] hello from 1" in out
+    assert result.returncode == 0 and result.run_dir == (tmp_path / "run").resolve()
+    assert result.wall_time > 0 and "hello from 1" in result.log and result.world_size == 2
+    assert result.backend == "gloo" and result.summary is None
+    assert [(r["rank"], r["loss"]) for r in result.metrics] == [(0, 1.0), (1, 2.0)]
+    assert (result.run_dir / "console.log").read_text() == result.log
+
+
+def test_lines_arrive_while_the_run_is_going(write_script, tmp_path):
+    script = write_script("import time\nprint('first', flush=True)\ntime.sleep(4)\nprint('second', flush=True)\n")
+    kernel = subprocess.Popen([sys.executable, "-u", "-c", KERNEL, str(script), "x", str(tmp_path / "run")],
+                              stdout=subprocess.PIPE, text=True)
+    seen = {}
+    for line in kernel.stdout:
+        seen.setdefault(line.split("] ")[-1].strip(), time.monotonic())
+    assert kernel.wait(timeout=60) == 0
+    assert seen["second"] - seen["first"] > 2.5  # 'first' was shown before the worker went to sleep
+
+
+def test_crashing_rank_is_named_fast(write_script, tmp_path):
+    script = write_script(CRASH)
+    start = time.monotonic()
+    # a long process-group timeout: the error must not depend on it
+    with pytest.raises(DistributedRunError) as info:
+        run_ddp(script, world_size=2, out_dir=tmp_path / "run", env={"DP_PG_TIMEOUT": "600"}, timeout=120)
+    assert time.monotonic() - start < 30
+    err = info.value
+    assert err.ranks[0] == 1 and err.exit_code == 1
+    assert err.cause == "ValueError: boom on rank 1 at step 3"
+    assert str(err).startswith("rank 1 failed with exit code 1: ValueError: boom on rank 1 at step 3")
+
+
+def test_crash_without_record_is_still_named(write_script, tmp_path):
+    script = write_script("import os\nif os.environ['RANK'] == '1':\n    raise KeyError('no record here')\n")
+    with pytest.raises(DistributedRunError) as info:
+        run_ddp(script, world_size=2, out_dir=tmp_path / "run", timeout=120)
+    assert info.value.ranks[0] == 1 and "KeyError: 'no record here'" in str(info.value)
+
+
+def test_hung_rank_fails_within_the_process_group_timeout(write_script, tmp_path):
+    script = write_script(CRASH.replace('raise ValueError("boom on rank 1 at step 3")', "import time; time.sleep(600)"))
+    start = time.monotonic()
+    with pytest.raises(DistributedRunError) as info:
+        run_ddp(script, world_size=2, out_dir=tmp_path / "run", env={"DP_PG_TIMEOUT": "3"}, timeout=120)
+    assert time.monotonic() - start < 30
+    # the rank that reports is the one left waiting: the victim of the hung peer
+    assert info.value.ranks[0] == 0 and "Timed out" in info.value.cause
+
+
+def test_timeout_kills_workers_that_ignore_signals(write_script, tmp_path):
+    script, pid_dir = write_script(STUBBORN), tmp_path / "pids"
+    pid_dir.mkdir()
+    start = time.monotonic()
+    with pytest.raises(RunTimeoutError, match=r"run exceeded timeout=8s and was stopped\. Stopped 3 process"):
+        run_ddp(script, pid_dir, world_size=2, out_dir=tmp_path / "run", timeout=8)
+    assert time.monotonic() - start < 20
+    pids = [int(p.read_text()) for p in pid_dir.glob("*.pid")]
+    assert len(pids) == 2 and pids_alive(pids) == []
+
+
+def start_kernel(script, pid_dir, out_dir):
+    """A Python process running run_ddp in its main thread, like a notebook kernel; waits for both workers."""
+    kernel = subprocess.Popen([sys.executable, "-c", KERNEL, str(script), str(pid_dir), str(out_dir)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    pids = [int(p.read_text()) for p in wait_for_files(pid_dir, 2)]
+    import psutil
+
+    tree = [p.pid for p in psutil.Process(kernel.pid).children(recursive=True)]
+    return kernel, set(pids) | set(tree)
+
+
+def test_interrupt_stops_the_whole_tree(write_script, tmp_path):
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    kernel, pids = start_kernel(write_script(STUBBORN), pid_dir, tmp_path / "run")
+    assert len(pids) >= 3  # torchrun and two workers
+    kernel.send_signal(signal.SIGINT)  # the notebook's stop button
+    _, err = kernel.communicate(timeout=30)
+    assert "KeyboardInterrupt" in err
+    assert pids_alive(pids) == []
+
+
+def test_killed_kernel_takes_the_tree_with_it(write_script, tmp_path):
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    kernel, pids = start_kernel(write_script(STUBBORN), pid_dir, tmp_path / "run")
+    kernel.kill()  # no Python code runs in the kernel after this
+    kernel.communicate(timeout=10)
+    deadline = time.monotonic() + 20
+    while pids_alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert pids_alive(pids) == []
+
+
+def test_ten_launches_in_a_row(write_script, tmp_path):
+    script = write_script("import os\nprint('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'])\n")
+    for i in range(10):
+        result = run_ddp(script, world_size=2, out_dir=tmp_path / f"run{i}", timeout=120, echo=False)
+        assert result.returncode == 0 and "[rank 1/2] rank 1 of 2" in result.log
+
+
+def test_module_target_runs(tmp_path):
+    result = run_ddp("dp_helpers.scripts.train", "--epochs", "1", "--samples", "8", world_size=2,
+                     out_dir=tmp_path / "run", timeout=120, echo=False)
+    assert result.summary["steps"] == 1 and len(result.metrics) == 2

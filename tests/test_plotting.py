@@ -1,0 +1,65 @@
+"""dp_helpers.plotting: returns the Axes, draws the weighted mean, refuses empty runs, marks non-finite losses."""
+
+import math
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+
+from dp_helpers.metrics import MetricsWriter  # noqa: E402
+from dp_helpers.plotting import mean_curve, plot_loss_curves, save_loss_figure  # noqa: E402
+
+
+def make_run(folder, losses_by_rank, samples_by_rank=None):
+    for rank, losses in enumerate(losses_by_rank):
+        with MetricsWriter(folder, rank, len(losses_by_rank)) as w:
+            for step, loss in enumerate(losses):
+                w.log(epoch=0, step=step, loss=loss, samples=(samples_by_rank or [4] * 9)[rank])
+    return folder
+
+
+def test_mean_is_sample_weighted(tmp_path):
+    run = make_run(tmp_path, [[1.0, 0.5], [0.0, 0.5]], samples_by_rank=[3, 1])
+    ax = plot_loss_curves(run)
+    mean_line = [ln for ln in ax.get_lines() if ln.get_linewidth() == 2][0]
+    assert list(mean_line.get_ydata()) == [0.75, 0.5]
+    assert mean_curve([{"step": 0, "loss": 2.0, "samples": 1}, {"step": 0, "loss": 0.0, "samples": 3}]) == ([0], [0.5])
+    plt.close("all")
+
+
+def test_uses_given_axes_and_compares_runs(tmp_path):
+    a = make_run(tmp_path / "a", [[1.0, 0.8]])
+    b = make_run(tmp_path / "b", [[0.9, 0.7], [0.9, 0.6]])
+    fig, ax = plt.subplots()
+    assert plot_loss_curves([a, b], ax=ax, per_rank=False) is ax
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["a (mean of 1 ranks)", "b (mean of 2 ranks)"]
+    plt.close(fig)
+
+
+def test_empty_run_says_so(tmp_path):
+    (tmp_path / "metrics").mkdir()
+    with pytest.raises(ValueError, match="no metric records; did training run 0 steps"):
+        plot_loss_curves(tmp_path)
+    plt.close("all")
+
+
+def test_non_finite_loss_is_warned_and_marked(tmp_path):
+    run = make_run(tmp_path, [[1.0, 0.5, math.nan, math.inf, 0.2]])
+    with pytest.warns(UserWarning, match="non-finite loss at 2 step"):
+        ax = plot_loss_curves(run, per_rank=False)
+    marks = [ln for ln in ax.get_lines() if ln.get_marker() == "x"]
+    assert len(marks) == 1 and list(marks[0].get_xdata()) == [2, 3]
+    mean_line = [ln for ln in ax.get_lines() if ln.get_linewidth() == 2][0]
+    assert mean_line.get_marker() == "o"  # the isolated 0.2 after the gap is drawn as a point
+    plt.close("all")
+
+
+def test_save_loss_figure_opens_no_pyplot_figure(tmp_path):
+    run = make_run(tmp_path / "r", [[1.0, 0.9, 0.8]])
+    before = plt.get_fignums()
+    path = save_loss_figure(run, tmp_path / "loss.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert plt.get_fignums() == before
