@@ -1,0 +1,102 @@
+"""The train job for real: the run folder, rank-0 output, and DDP == one process with the global batch."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from dp_helpers.config import TrainConfig
+from dp_helpers.launch import run_ddp
+from dp_helpers.reference import train_reference
+
+pytestmark = pytest.mark.slow
+
+
+def launch_train(out, world_size, **cfg_changes):
+    """Run the train worker under torchrun through run_ddp and return the RunResult."""
+    cfg = TrainConfig(**{**TrainConfig().as_dict(), **cfg_changes})
+    return run_ddp("dp_helpers.scripts.train", *cfg.as_args(), world_size=world_size, out_dir=out,
+                   timeout=300, echo=False)
+
+
+def final_weights(run_dir):
+    return torch.load(run_dir / "model.pt", map_location="cpu", weights_only=True)
+
+
+@pytest.fixture(scope="module")
+def cli_run(tmp_path_factory):
+    """`python -m dp_helpers train` with the defaults, as a user types it."""
+    out = tmp_path_factory.mktemp("cli") / "run"
+    proc = subprocess.run([sys.executable, "-m", "dp_helpers", "train", "--world-size", "2", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return out, proc
+
+
+def test_cli_writes_the_run_folder(cli_run):
+    out, proc = cli_run
+    assert {p.name for p in out.iterdir()} >= {"metrics", "summary.json", "model.pt", "loss.png", "logs"}
+    assert sorted(p.name for p in (out / "metrics").iterdir()) == ["rank0.jsonl", "rank1.jsonl"]
+    assert (out / "loss.png").read_bytes()[:4] == b"\x89PNG"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["backend"] == "gloo" and summary["steps"] == 50
+    assert summary["config"] == TrainConfig().as_dict() and summary["equivalent_to_large_batch"]
+    assert summary["final_loss"] < 0.95 * summary["epoch_losses"][0]  # the labels are learnable
+
+
+def test_cli_prints_one_line_per_epoch_from_rank_0(cli_run):
+    _, proc = cli_run
+    epoch_lines = [ln for ln in proc.stdout.splitlines() if " epoch " in ln]
+    assert len(epoch_lines) == 10
+    assert all(ln.startswith("[rank 0/2] epoch ") for ln in epoch_lines)
+    assert epoch_lines[-1].startswith("[rank 0/2] epoch 10/10  loss=")
+    assert "final loss" in proc.stdout and "run folder:" in proc.stdout
+    assert "50/50" in proc.stderr  # the progress bar reached the end
+
+
+@pytest.fixture(scope="module")
+def large_batch_run(tmp_path_factory):
+    """World size 1 with the global batch 20: the run every W x B run must match."""
+    return launch_train(tmp_path_factory.mktemp("w1") / "run", 1, batch_size=20)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_world_size_w_equals_one_process_with_the_global_batch(tmp_path, large_batch_run, cli_run, world_size):
+    if world_size == 2:
+        run_dir = cli_run[0]
+    else:
+        run_dir = launch_train(tmp_path / "run", 4, batch_size=5).run_dir
+    torch.testing.assert_close(final_weights(run_dir), final_weights(large_batch_run.run_dir))
+    reference = train_reference(TrainConfig(batch_size=20 // world_size), world_size=world_size)
+    torch.testing.assert_close(final_weights(run_dir), reference.state_dict)
+
+
+def without_time(records):
+    return [{k: v for k, v in r.items() if k != "time"} for r in records]
+
+
+def test_same_seed_same_metrics_bitwise(tmp_path, cli_run):
+    again = launch_train(tmp_path / "again", 2)
+    first = [json.loads(ln) for ln in (cli_run[0] / "metrics" / "rank1.jsonl").read_text().splitlines()]
+    second = [json.loads(ln) for ln in (again.run_dir / "metrics" / "rank1.jsonl").read_text().splitlines()]
+    assert without_time(first) == without_time(second) and len(first) == 50
+    assert torch.equal(final_weights(cli_run[0])["fc.weight"], final_weights(again.run_dir)["fc.weight"])
+
+
+def test_short_last_batch_keeps_equivalence(tmp_path):
+    run = launch_train(tmp_path / "run", 2, samples=30, batch_size=4, epochs=3)
+    assert run.summary["equivalent_to_large_batch"] and "short" in run.summary["equivalence"]
+    reference = train_reference(TrainConfig(samples=30, batch_size=4, epochs=3), world_size=2)
+    torch.testing.assert_close(final_weights(run.run_dir), reference.state_dict)
+
+
+def test_sampler_padding_breaks_equivalence(tmp_path):
+    cfg = {"samples": 30, "batch_size": 5, "epochs": 5, "lr": 0.5}
+    run = launch_train(tmp_path / "run", 4, **cfg)
+    assert not run.summary["equivalent_to_large_batch"]
+    assert "repeats 2 sample(s)" in run.summary["equivalence"] and run.summary["padded_samples_per_epoch"] == 2
+    reference = train_reference(TrainConfig(**cfg), world_size=4)
+    diff = max((final_weights(run.run_dir)[k] - v).abs().max().item() for k, v in reference.state_dict.items())
+    assert diff > 1e-3  # far outside assert_close's float32 tolerance: the duplicates changed the training
