@@ -12,7 +12,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .env import resolve_backend
+from .env import device_for, resolve_backend
 
 DEFAULT_PG_TIMEOUT_S = 30.0
 
@@ -47,6 +47,7 @@ def exit_when_orphaned(poll_s: float = 0.5) -> threading.Thread:
     parent = os.getppid()
 
     def watch() -> None:
+        """Poll the parent pid; exit the process once it changes."""
         while os.getppid() == parent:
             time.sleep(poll_s)
         os._exit(70)  # os._exit works even while the main thread is stuck in a collective
@@ -62,11 +63,9 @@ def setup(backend: str | None = None, timeout_s: float | None = None) -> DistInf
     backend = resolve_backend(backend or os.environ.get("DP_BACKEND", "auto"), world_size,
                               nnodes=int(os.environ.get("DP_NNODES", "1")))
     timeout_s = float(timeout_s or os.environ.get("DP_PG_TIMEOUT", DEFAULT_PG_TIMEOUT_S))
-    if backend == "nccl":
-        device = torch.device("cuda", local_rank)
+    device = device_for(backend, local_rank)
+    if device.type != "cpu":
         torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
     exit_when_orphaned()
     dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     return DistInfo(rank, local_rank, world_size, device, backend, rank == 0)

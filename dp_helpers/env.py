@@ -106,6 +106,14 @@ def resolve_backend(backend: str, world_size: int, n_gpus: int | None = None,
     return backend
 
 
+def device_for(backend: str, local_rank: int):
+    """The device a rank computes on: its own GPU under nccl, the CPU under gloo."""
+    import torch
+
+    # the one place a backend is mapped to a device type; everything else asks this function
+    return torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
+
+
 def report() -> EnvReport:
     """Collect the environment report that `python -m dp_helpers doctor` prints."""
     import torch

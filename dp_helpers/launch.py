@@ -387,12 +387,9 @@ def failure(rc: int, log: str, run_dir: Path) -> DistributedRunError:
 def run_ddp(script, *script_args, world_size: int | None = None, backend: str = "auto", out_dir=None,
             timeout: float = 600, nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None,
             env: Mapping[str, str] | None = None, progress: int | None = None, echo: bool = True) -> RunResult:
-    """Run `script` (a .py path or a module name) under torchrun with world_size processes and return its RunResult.
-
-    Raises DistributedRunError when a rank fails, RunTimeoutError after `timeout` seconds, and re-raises
-    KeyboardInterrupt; in every case the whole process tree is gone first. `progress` is the total
-    number of steps rank 0 will log, to show a progress bar.
-    """
+    """Run a .py script or a module under torchrun with world_size processes; raise DistributedRunError if a rank fails."""
+    # RunTimeoutError after `timeout` seconds; KeyboardInterrupt is re-raised; in every case the whole
+    # process tree is gone first. `progress`: the steps rank 0 will log, for a progress bar.
     plan = plan_launch(script, script_args, world_size, backend, out_dir, timeout, nnodes, node_rank,
                        rdzv_endpoint, env, progress)
     console, began = Console(plan, echo), time.monotonic()

@@ -16,6 +16,7 @@ class SimpleModel(nn.Module):
         self.fc = nn.Linear(input_dim, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Probabilities of shape (batch, 1)."""
         return torch.sigmoid(self.fc(x))
 
 
@@ -33,6 +34,7 @@ class MLP(nn.Module):
         self.net = nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Probabilities of shape (batch, 1)."""
         return torch.sigmoid(self.net(x))
 
 

@@ -60,3 +60,12 @@ def test_seed_everything_repeats():
     a = torch.rand(3)
     env.seed_everything(3)
     torch.testing.assert_close(torch.rand(3), a)
+
+
+def test_doctor_command_prints_the_report(capsys):
+    from dp_helpers.__main__ import main
+
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    rep = env.report()
+    assert f"backend={rep.backend} world_size={rep.world_size}" in out and rep.reason in out

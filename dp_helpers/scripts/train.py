@@ -57,7 +57,7 @@ def train(cfg: TrainConfig, out: Path, info: dph.DistInfo) -> dict:
     seed_everything(cfg.seed)
     dataset = make_synthetic(cfg.samples, cfg.dim, cfg.seed)
     model = build_model(cfg.model, cfg.dim, cfg.seed).to(info.device)
-    model = DDP(model, device_ids=[info.device] if info.device.type == "cuda" else None)
+    model = DDP(model, device_ids=[info.device] if info.device.type != "cpu" else None)
     loader, sampler = make_loader(dataset, cfg.batch_size, info.rank, info.world_size, cfg.seed)
     optimizer = make_optimizer(model, cfg.lr)
     plan, epoch_losses, step, start = shard_plan(cfg.samples, info.world_size, cfg.batch_size), [], 0, time.perf_counter()

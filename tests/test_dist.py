@@ -1,0 +1,59 @@
+"""dp_helpers.dist: setup outside torchrun says how to run, a one-process group comes up and goes down, orphans exit."""
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from dp_helpers import dist as dph
+from tests.conftest import pids_alive, wait_for_files
+
+
+def test_setup_without_torchrun_says_how(monkeypatch):
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    with pytest.raises(RuntimeError, match=r"RANK, LOCAL_RANK, WORLD_SIZE not set: run this script under torchrun"):
+        dph.setup()
+
+
+def test_one_process_group_up_and_down(monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "0")  # rank 0's store binds any free port
+    info = dph.setup(backend="gloo", timeout_s=5)
+    try:
+        assert (info.rank, info.local_rank, info.world_size, info.is_main) == (0, 0, 1, True)
+        assert info.device == torch.device("cpu") and info.backend == "gloo" and info.tag() == "[rank 0/1]"
+        t = torch.ones(3)
+        dist.all_reduce(t)
+        torch.testing.assert_close(t, torch.ones(3))
+    finally:
+        dph.teardown()
+    assert not dist.is_initialized()
+    dph.teardown()  # a second call is harmless
+
+
+def test_orphaned_worker_exits(tmp_path):
+    """A worker whose launcher is SIGKILLed stops by itself instead of training on."""
+    child = textwrap.dedent(f"""
+        import os, pathlib, time
+        from dp_helpers.dist import exit_when_orphaned
+        exit_when_orphaned(poll_s=0.1)
+        pathlib.Path({str(tmp_path)!r}, "w.pid").write_text(str(os.getpid()))
+        time.sleep(60)
+        """)
+    parent = subprocess.Popen([sys.executable, "-c",
+                               f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}]); time.sleep(60)"])
+    pid = int(wait_for_files(tmp_path, 1)[0].read_text())
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while pids_alive([pid]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert pids_alive([pid]) == []

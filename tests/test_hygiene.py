@@ -1,0 +1,69 @@
+"""House rules checked on the code itself: no hard-coded devices or ports, no spawn, no import side effects, small pieces."""
+
+import ast
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+CODE = sorted((REPO / "dp_helpers").rglob("*.py"))
+NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
+
+
+def functions():
+    for path in CODE:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                yield path, node
+
+
+# env.device_for is the single place that maps a backend to its device type
+DEVICE_MAP = REPO / "dp_helpers" / "env.py"
+
+
+@pytest.mark.parametrize("path", CODE + NOTEBOOKS, ids=lambda p: p.name)
+def test_no_hard_coded_device_port_or_spawn(path):
+    text = path.read_text()
+    if path != DEVICE_MAP:
+        assert not re.search(r"""["']cuda(:\d+)?["']""", text), "derive the device, never write 'cuda'"
+    assert not re.search(r"MASTER_PORT\s*[=:]\s*['\"]?\d", text), "no fixed port: use --standalone"
+    assert not re.search(r"\bspawn\(|set_start_method\(", text), "launch scripts with run_ddp, never spawn or fork"
+
+
+def test_public_docstrings_are_one_line():
+    offenders = [f"{p.name}:{n.name}" for p, n in functions()
+                 if not n.name.startswith("_") and (not ast.get_docstring(n) or "\n" in ast.get_docstring(n).strip())]
+    assert offenders == []
+
+
+def test_functions_are_small():
+    lengths = []
+    for _, node in functions():
+        if isinstance(node, ast.ClassDef):
+            continue
+        body = node.body[1:] if ast.get_docstring(node) else node.body
+        lengths.append(body[-1].end_lineno - body[0].lineno + 1 if body else 0)
+    assert statistics.median(lengths) <= 10 and max(lengths) <= 30
+
+
+def test_import_has_no_side_effects():
+    """Importing every module starts no thread, seeds nothing, opens no pyplot figure and writes no file."""
+    probe = """
+import importlib, pkgutil, sys, threading, torch
+torch.manual_seed(5); expected = torch.rand(1); torch.manual_seed(5)
+threads = threading.active_count()
+import dp_helpers
+for m in pkgutil.walk_packages(dp_helpers.__path__, "dp_helpers."):
+    importlib.import_module(m.name)
+assert threading.active_count() == threads, "a thread was started"
+assert torch.equal(torch.rand(1), expected), "the global RNG was touched"
+assert "matplotlib.pyplot" not in sys.modules, "pyplot was imported"
+print("clean")
+"""
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO / "tests",
+                          timeout=120)
+    assert proc.stdout.strip() == "clean", proc.stderr

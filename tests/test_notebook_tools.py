@@ -1,0 +1,47 @@
+"""tools/notebooks.py: what CI checks on committed notebooks, and the re-execution command."""
+
+import nbformat
+import pytest
+
+from tools import notebooks as nbtools
+
+
+def make_notebook(path, counts=(1, 2), error=False, headings=nbtools.SKELETON):
+    cells = [nbformat.v4.new_markdown_cell("# Title\nsubtitle"),
+             nbformat.v4.new_markdown_cell("\n".join(f"## {h}" for h in headings))]
+    for n in counts:
+        cell = nbformat.v4.new_code_cell("x = 1")
+        cell.execution_count = n
+        cells.append(cell)
+    if error:
+        cells[-1].outputs = [nbformat.v4.new_output("error", ename="ValueError", evalue="x", traceback=[])]
+    nbformat.write(nbformat.v4.new_notebook(cells=cells), path)
+    return path
+
+
+def test_clean_notebook_passes(tmp_path):
+    assert nbtools.problems(make_notebook(tmp_path / "01_a.ipynb")) == []
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"counts": (1, 3)}, "not one clean run 1..2"),
+    ({"counts": (None, None)}, "not one clean run"),
+    ({"error": True}, "error outputs in code cells [2]"),
+    ({"headings": ("What you'll learn", "Exercises")}, "no 'Takeaways' section"),
+])
+def test_problems_are_named(tmp_path, kwargs, words):
+    found = nbtools.problems(make_notebook(tmp_path / "01_a.ipynb", **kwargs))
+    assert any(words in p for p in found), found
+
+
+def test_check_command_exit_codes(tmp_path, capsys):
+    good, bad = make_notebook(tmp_path / "01_a.ipynb"), make_notebook(tmp_path / "02_b.ipynb", counts=(2, 1))
+    assert nbtools.main(["check", str(good)]) == 0
+    assert nbtools.main(["check", str(good), str(bad)]) == 1
+    assert "02_b.ipynb: execution counts" in capsys.readouterr().out
+
+
+def test_execute_writes_a_clean_run(tmp_path):
+    path = make_notebook(tmp_path / "01_a.ipynb", counts=(7, 3))
+    nbtools.execute(path, timeout=120)
+    assert nbtools.problems(path) == []

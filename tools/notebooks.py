@@ -1,0 +1,85 @@
+"""Check or re-execute the lesson notebooks: `python tools/notebooks.py check | execute [NOTEBOOK ...]`.
+
+`execute` runs each notebook top to bottom on this machine (CPU is fine) in the current Python
+environment, writes the outputs back and strips volatile metadata. `check` verifies what CI needs:
+one clean top-to-bottom run (execution counts 1..n), no error outputs, under 2 MB, the skeleton's
+headings present.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import nbformat
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+MAX_BYTES = 2_000_000
+SKELETON = ("What you'll learn", "Takeaways", "Exercises")
+VOLATILE_NB = ("widgets",)
+VOLATILE_CELL = ("execution", "collapsed", "scrolled")
+
+
+def problems(path: Path) -> list[str]:
+    """Everything wrong with one committed notebook, as short sentences."""
+    nb = nbformat.read(path, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    found = []
+    counts = [c.execution_count for c in code]
+    if counts != list(range(1, len(code) + 1)):
+        found.append(f"execution counts are {counts[:10]}..., not one clean run 1..{len(code)}")
+    errors = [i for i, c in enumerate(code, 1) if any(o.output_type == "error" for o in c.outputs)]
+    if errors:
+        found.append(f"error outputs in code cells {errors}")
+    if path.stat().st_size > MAX_BYTES:
+        found.append(f"{path.stat().st_size // 1000} kB, over the {MAX_BYTES // 1_000_000} MB limit")
+    first = nb.cells[0].source if nb.cells else ""
+    if not (nb.cells and nb.cells[0].cell_type == "markdown" and first.startswith("# ")):
+        found.append("the first cell is not a '# Title' markdown cell")
+    text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    found += [f"no '{heading}' section" for heading in SKELETON if heading not in text]
+    return found
+
+
+def strip_volatile(nb) -> None:
+    """Drop metadata that changes on every run (timings, widget state)."""
+    for key in VOLATILE_NB:
+        nb.metadata.pop(key, None)
+    for cell in nb.cells:
+        for key in VOLATILE_CELL:
+            cell.metadata.pop(key, None)
+
+
+def execute(path: Path, timeout: int = 1200) -> None:
+    """Run one notebook top to bottom in its folder with this Python and write it back."""
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(path, as_version=4)
+    NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    strip_volatile(nb)
+    nbformat.write(nb, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: check (exit 1 on any problem) or execute."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=("check", "execute"))
+    parser.add_argument("notebooks", nargs="*", type=Path)
+    args = parser.parse_args(argv)
+    paths = args.notebooks or sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    if args.command == "execute":
+        for path in paths:
+            print(f"executing {path.name} ...", flush=True)
+            execute(path)
+        return 0
+    bad = {p.name: problems(p) for p in paths}
+    for name, found in bad.items():
+        for problem in found:
+            print(f"{name}: {problem}")
+    print(f"{len(paths)} notebook(s) checked, {sum(map(bool, bad.values()))} with problems")
+    return 1 if any(bad.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
