@@ -69,3 +69,10 @@ def test_doctor_command_prints_the_report(capsys):
     out = capsys.readouterr().out
     rep = env.report()
     assert f"backend={rep.backend} world_size={rep.world_size}" in out and rep.reason in out
+
+
+def test_device_follows_the_backend():
+    import torch
+
+    assert env.device_for("nccl", 1) == torch.device("cuda", 1)
+    assert env.device_for("gloo", 1) == torch.device("cpu")
