@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .env import gpu_device
+
 
 def cpu_devices(n: int) -> list[torch.device]:
     """n emulated devices: every replica runs on the CPU, in its own thread."""
@@ -26,12 +28,12 @@ def cpu_devices(n: int) -> list[torch.device]:
 
 def gpu_devices() -> list[torch.device]:
     """Every visible CUDA GPU, as DataParallel would use them (empty on a CPU machine)."""
-    return [torch.device("cuda", i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    return [gpu_device(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
 
 
 def is_real(devices) -> bool:
     """True when the devices are CUDA GPUs, so the real torch.nn.parallel primitives run."""
-    return all(torch.device(d).type == "cuda" for d in devices) and len(devices) > 0
+    return len(devices) > 0 and all(torch.device(d).type != "cpu" for d in devices)
 
 
 def _copy_module_tree(module: nn.Module) -> list[nn.Module]:
@@ -157,7 +159,7 @@ def _gather_map(outputs: list, device, dim: int):
 
 def gather(outputs: list, output_device, dim: int = 0):
     """Concatenate the replicas' outputs (tensors, tuples, dicts) onto output_device along dim."""
-    if torch.device(output_device).type == "cuda":
+    if torch.device(output_device).type != "cpu":
         from torch.nn.parallel.scatter_gather import gather as real_gather
 
         return real_gather(outputs, output_device, dim)

@@ -106,12 +106,18 @@ def resolve_backend(backend: str, world_size: int, n_gpus: int | None = None,
     return backend
 
 
+def gpu_device(index: int):
+    """The GPU with this index (the one place the device type is named; everything else asks here)."""
+    import torch
+
+    return torch.device("cuda", index)
+
+
 def device_for(backend: str, local_rank: int):
     """The device a rank computes on: its own GPU under nccl, the CPU under gloo."""
     import torch
 
-    # the one place a backend is mapped to a device type; everything else asks this function
-    return torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
+    return gpu_device(local_rank) if backend == "nccl" else torch.device("cpu")
 
 
 def report() -> EnvReport:
