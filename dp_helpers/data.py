@@ -78,3 +78,26 @@ def shard_plan(samples: int, world_size: int, batch_size: int) -> ShardPlan:
     steps = math.ceil(per_rank / batch_size)
     last = per_rank - (steps - 1) * batch_size
     return ShardPlan(samples, world_size, batch_size, per_rank, per_rank * world_size - samples, steps, last)
+
+
+def chunk_sizes(rows: int, n_devices: int) -> list[int]:
+    """Rows per device under DataParallel's scatter rule, torch.chunk: ceil(rows/n) each, maybe fewer pieces."""
+    return [len(c) for c in torch.arange(rows).chunk(n_devices)]
+
+
+def tensor_split_sizes(rows: int, n_devices: int) -> list[int]:
+    """Rows per device under torch.tensor_split: always n pieces, sizes differing by at most one."""
+    return [len(c) for c in torch.arange(rows).tensor_split(n_devices)]
+
+
+def sampler_indices(samples: int, world_size: int, epoch: int = 0, seed: int = 0, shuffle: bool = True,
+                    drop_last: bool = False, set_epoch: bool = True) -> list[list[int]]:
+    """The sample indices DistributedSampler gives each rank in one epoch (no process group needed)."""
+    table = []
+    for rank in range(world_size):
+        sampler = DistributedSampler(range(samples), num_replicas=world_size, rank=rank, shuffle=shuffle,
+                                     seed=seed, drop_last=drop_last)
+        if set_epoch:
+            sampler.set_epoch(epoch)
+        table.append(list(sampler))
+    return table

@@ -47,25 +47,28 @@ def _copy_module_tree(module: nn.Module) -> list[nn.Module]:
     return list(zip(modules, copies, strict=True))
 
 
-def _replicate_emulated(module: nn.Module) -> nn.Module:
-    """One CPU replica: parameters become autograd copies (non-leaf), buffers detached copies."""
+def _replicate_emulated(module: nn.Module, on_first_device: bool) -> nn.Module:
+    """One CPU replica: parameters become autograd copies (non-leaf); buffers are copied, except on device 0."""
     pairs = _copy_module_tree(module)
     for original, replica in pairs:
         for key, param in original._parameters.items():
-            # clone() keeps the graph: the replica's gradient flows back into the original parameter
-            setattr(replica, key, None if param is None else param.clone())
+            # both keep the graph, so a replica's gradient flows back into the original parameter;
+            # the replica on device 0 shares storage with the original, as DataParallel guarantees
+            copy = None if param is None else (param.view_as(param) if on_first_device else param.clone())
+            setattr(replica, key, copy)
         for key, buf in original._buffers.items():
-            replica._buffers[key] = None if buf is None else buf.detach().clone()
+            shared = buf is None or on_first_device
+            replica._buffers[key] = buf if shared else buf.detach().clone()
     return pairs[0][1]
 
 
 def replicate(module: nn.Module, devices) -> list[nn.Module]:
-    """One replica of `module` per device; updates a replica makes to its buffers are lost, as in DataParallel."""
+    """One replica per device; in-place buffer updates survive only on device 0's replica, as in DataParallel."""
     if is_real(devices):
         from torch.nn.parallel import replicate as real_replicate
 
         return real_replicate(module, devices)
-    return [_replicate_emulated(module) for _ in devices]
+    return [_replicate_emulated(module, on_first_device=(i == 0)) for i in range(len(devices))]
 
 
 def _scatter_map(obj, n: int, dim: int) -> list:
@@ -176,6 +179,19 @@ def data_parallel(module: nn.Module, inputs, devices, output_device=None, dim: i
     replicas = replicate(module, devices[:len(pieces)])  # fewer pieces than devices: fewer replicas
     outputs = parallel_apply(replicas, pieces, kw_pieces, devices)
     return gather(outputs, output_device, dim)
+
+
+class LossInForward(nn.Module):
+    """Wraps a sigmoid model so each replica returns its shard's summed BCE loss: only scalars reach device 0."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The sum (not the mean) of the losses, shape (1,), so shards of any size add up to the batch's total."""
+        out = self.model(inputs)
+        return nn.functional.binary_cross_entropy(out, targets.reshape(out.shape), reduction="sum").reshape(1)
 
 
 def tensor_bytes(obj: Any) -> int:

@@ -93,3 +93,72 @@ def save_loss_figure(run_dir, path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     return Path(path)
+
+
+def plot_chunks(sizes_by_rule: dict[str, list[int]], ax=None):
+    """Grouped bars: rows each device receives under each splitting rule; returns the Axes."""
+    ax = _get_ax(ax)
+    n = max(len(sizes) for sizes in sizes_by_rule.values())
+    width = 0.8 / len(sizes_by_rule)
+    for i, (rule, sizes) in enumerate(sizes_by_rule.items()):
+        padded = sizes + [0] * (n - len(sizes))
+        bars = ax.bar([d + i * width for d in range(n)], padded, width, label=rule)
+        ax.bar_label(bars, fontsize="small")
+    ax.set_xticks([d + 0.4 - width / 2 for d in range(n)], [f"dev {d}" for d in range(n)])
+    ax.set_ylabel("rows")
+    ax.legend(fontsize="small")
+    return ax
+
+
+def plot_sampler_grid(table: list[list[int]], samples: int, ax=None, title: str = ""):
+    """Rank x position grid coloured by sample index; padded repeats get a red frame; returns the Axes."""
+    import numpy as np
+
+    ax = _get_ax(ax)
+    grid = np.array(table)
+    ax.imshow(grid, cmap="viridis", vmin=0, vmax=max(samples - 1, 1), aspect="auto")
+    seen: set[int] = set()
+    for pos in range(grid.shape[1]):  # the sampler walks positions across ranks: the 2nd visit is the pad
+        for rank in range(grid.shape[0]):
+            idx = int(grid[rank, pos])
+            color = "black" if idx > 0.6 * samples else "white"  # readable on viridis' light end
+            ax.text(pos, rank, str(idx), ha="center", va="center", color=color, fontsize="small")
+            if idx in seen:
+                ax.add_patch(_frame(pos, rank))
+            seen.add(idx)
+    ax.set_yticks(range(grid.shape[0]), [f"rank {r}" for r in range(grid.shape[0])])
+    ax.set_xticks(range(grid.shape[1]))
+    ax.set_xlabel("position in the rank's shard (red frame: a padded repeat)")
+    ax.set_title(title)
+    return ax
+
+
+def _frame(x: float, y: float):
+    from matplotlib.patches import Rectangle
+
+    return Rectangle((x - 0.45, y - 0.45), 0.9, 0.9, fill=False, edgecolor="red", linewidth=2)
+
+
+def plot_dataparallel_flow(sizes: list[int], ax=None):
+    """The data flow of one DataParallel forward: batch -> scatter -> replicas -> gather on device 0."""
+    ax = _get_ax(ax)
+    n, total = len(sizes), sum(sizes)
+    ys = [n - 1 - i for i in range(n)]
+    mid = (n - 1) / 2
+    _box(ax, 0, mid, f"batch\n{total} rows\n(device 0)")
+    _box(ax, 4, mid, f"outputs\n{total} rows\ngathered on\ndevice 0")
+    for i, (y, rows) in enumerate(zip(ys, sizes, strict=True)):
+        _box(ax, 2, y, f"replica {i}\n{rows} rows")
+        ax.annotate("", (1.55, y), (0.45, mid), arrowprops={"arrowstyle": "->", "color": "C0"})
+        ax.annotate("", (3.55, mid), (2.45, y), arrowprops={"arrowstyle": "->", "color": "C1"})
+    ax.text(1, n - 0.4, "scatter\n(+ replicate)", ha="center", color="C0")
+    ax.text(3, n - 0.4, "gather", ha="center", color="C1")
+    ax.set_xlim(-0.6, 4.6)
+    ax.set_ylim(-0.8, n + 0.2)
+    ax.axis("off")
+    return ax
+
+
+def _box(ax, x: float, y: float, text: str) -> None:
+    ax.text(x, y, text, ha="center", va="center", fontsize="small",
+            bbox={"boxstyle": "round", "facecolor": "white", "edgecolor": "gray"})

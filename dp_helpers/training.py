@@ -21,3 +21,12 @@ def train_step(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
     loss.backward()
     optimizer.step()
     return loss.detach()
+
+
+def loss_gradients(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The gradient of the mean BCE loss on this batch, per parameter name (model.grad is left zeroed)."""
+    model.zero_grad(set_to_none=True)
+    nn.functional.binary_cross_entropy(model(inputs), targets.unsqueeze(1)).backward()
+    grads = {name: p.grad.detach().clone() for name, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    return grads

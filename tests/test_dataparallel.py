@@ -81,14 +81,16 @@ def test_gradient_accumulates_across_calls(model):
     torch.testing.assert_close(first, model.net[0].weight.grad)
 
 
-def test_buffers_are_copied_and_replica_updates_are_lost():
-    bn = nn.BatchNorm1d(4)
+def test_only_device_0_buffer_updates_survive():
+    bn, twin = nn.BatchNorm1d(4), nn.BatchNorm1d(4)
     replicas = dp.replicate(bn, dp.cpu_devices(2))
-    torch.testing.assert_close(replicas[1].running_var, bn.running_var)
-    assert replicas[0].running_mean is not bn.running_mean
-    dp.data_parallel(bn, torch.randn(8, 4) + 5, dp.cpu_devices(2))
-    torch.testing.assert_close(bn.running_mean, torch.zeros(4))  # the replicas' updates went nowhere
-    assert int(bn.num_batches_tracked) == 0
+    assert replicas[0].running_mean is bn.running_mean  # device 0's replica shares storage
+    assert replicas[1].running_mean is not bn.running_mean
+    x = torch.randn(8, 4) + 5
+    dp.data_parallel(bn, x, dp.cpu_devices(2))
+    twin(x[:4])  # what device 0 saw: the first chunk
+    torch.testing.assert_close(bn.running_mean, twin.running_mean)
+    assert int(bn.num_batches_tracked) == 1  # device 1's update went nowhere
 
 
 def test_replica_error_names_the_replica():
@@ -149,3 +151,15 @@ def test_emulation_matches_the_real_primitives(model):
     real = dp.data_parallel(model.to(devices[0]), x.to(devices[0]), devices)
     emulated = dp.data_parallel(model.cpu(), x, dp.cpu_devices(len(devices)))
     torch.testing.assert_close(real.cpu(), emulated, rtol=1e-4, atol=1e-5)
+
+
+def test_loss_in_forward_keeps_the_gradient_and_sends_scalars(model):
+    x, y = torch.randn(30, 6), torch.rand(30)
+    model.zero_grad()
+    nn.functional.binary_cross_entropy(model(x), y.unsqueeze(1)).backward()
+    expected = {k: p.grad.clone() for k, p in model.named_parameters()}
+    model.zero_grad()
+    sums = dp.data_parallel(dp.LossInForward(model), (x, y), dp.cpu_devices(8))
+    assert sums.shape == (8,)  # one scalar per replica travels to device 0
+    (sums.sum() / len(x)).backward()
+    torch.testing.assert_close({k: p.grad for k, p in model.named_parameters()}, expected)
