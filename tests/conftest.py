@@ -1,8 +1,7 @@
-"""Shared fixtures: a private TMPDIR per test, a check that no test leaves a process behind, GPU skips for notebook cells."""
+"""Shared fixtures: a private TMPDIR per test and a check that no test leaves a process behind."""
 
 from __future__ import annotations
 
-import os
 import textwrap
 import time
 from pathlib import Path
@@ -11,13 +10,6 @@ import psutil
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def gpu_count() -> int:
-    """Visible CUDA GPUs (0 on CPU builds)."""
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 @pytest.fixture(autouse=True)
@@ -76,20 +68,3 @@ def wait_for_files(folder: Path, count: int, timeout: float = 60) -> list[Path]:
             return files
         time.sleep(0.2)
     raise AssertionError(f"only {len(list(folder.glob('*.pid')))} of {count} workers started in {timeout}s")
-
-
-def pytest_collection_modifyitems(config, items):
-    """Notebook cells tagged requires-gpu / requires-multi-gpu are skipped, with the reason, on smaller machines."""
-    n = None
-    for item in items:
-        tags = getattr(item, "cell", {}).get("metadata", {}).get("tags", []) if hasattr(item, "cell") else []
-        need = 2 if "requires-multi-gpu" in tags else 1 if "requires-gpu" in tags else 0
-        if need:
-            n = gpu_count() if n is None else n
-            if n < need:
-                item.add_marker(pytest.mark.skip(reason=f"needs >= {need} GPU(s), found {n}"))
-
-
-def pytest_configure(config):
-    """Headless plotting for every test and every notebook kernel started by nbval."""
-    os.environ.setdefault("MPLBACKEND", "Agg")

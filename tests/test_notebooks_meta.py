@@ -1,0 +1,65 @@
+"""The committed notebooks follow the skeleton: badges to themselves, a setup cell, short cells, real checks."""
+
+import ast
+import importlib
+import pkgutil
+import re
+import statistics
+from pathlib import Path
+
+import nbformat
+import pytest
+
+import dp_helpers
+
+REPO = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((REPO / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+URL = re.search(r'^Repository = "(.+)"$', (REPO / "pyproject.toml").read_text(), re.M).group(1)
+
+
+def code_cells(path):
+    return [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+
+
+def test_there_are_notebooks():
+    assert [p.name[:2] for p in NOTEBOOKS] == [f"{i:02d}" for i in range(1, len(NOTEBOOKS) + 1)]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_badges_point_at_this_notebook(path):
+    first = nbformat.read(path, as_version=4).cells[0].source
+    slug = URL.removeprefix("https://github.com/")
+    assert f"colab.research.google.com/github/{slug}/blob/main/notebooks/{path.name}" in first
+    assert f"kaggle.com/kernels/welcome?src={URL}/blob/main/notebooks/{path.name}" in first
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_setup_cell_installs_when_missing(path):
+    setup = code_cells(path)[0].source
+    assert 'find_spec("dp_helpers") is None' in setup and URL in setup and "report()" in setup
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_cells_are_short(path):
+    lengths = [len(c.source.splitlines()) for c in code_cells(path)]
+    assert statistics.median(lengths) <= 5 and max(lengths) <= 22
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_at_least_five_checks(path):
+    source = "\n".join(c.source for c in code_cells(path))
+    assert len(re.findall(r"^\s*assert |assert_close\(", source, re.M)) >= 5
+
+
+def exported_names() -> set[str]:
+    names = set()
+    for mod in pkgutil.walk_packages(dp_helpers.__path__, "dp_helpers."):
+        names |= {n for n in vars(importlib.import_module(mod.name)) if not n.startswith("_")}
+    return names
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebooks_do_not_redefine_package_code(path):
+    defined = {node.name for c in code_cells(path) if not c.source.lstrip().startswith(("%", "!"))
+               for node in ast.walk(ast.parse(c.source)) if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    assert not defined & exported_names()
