@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass, fields
 
 from .models import MODELS
 
+SYNCS = ("ddp", "manual")
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -21,10 +23,16 @@ class TrainConfig:
     dim: int = 10
     seed: int = 0
     model: str = "linear"
+    sync: str = "ddp"  # ddp: the DDP wrapper all-reduces gradients; manual: an all_reduce per parameter by hand
+    check_grads: bool = False  # assert after every backward that all ranks hold identical gradients
 
     def as_args(self) -> list[str]:
-        """The same config as worker command-line flags."""
-        return [arg for f in fields(self) for arg in (f"--{f.name.replace('_', '-')}", str(getattr(self, f.name)))]
+        """The same config as worker command-line flags (a True bool is a bare flag, False is left out)."""
+        args = []
+        for f in fields(self):
+            flag, value = f"--{f.name.replace('_', '-')}", getattr(self, f.name)
+            args += ([flag] if value else []) if isinstance(value, bool) else [flag, str(value)]
+        return args
 
     def as_dict(self) -> dict:
         """The config as a plain dict (for summary.json)."""
@@ -54,6 +62,8 @@ def validate(cfg: TrainConfig, world_size: int = 1) -> None:
     check_positive_number("lr", cfg.lr)
     if cfg.model not in MODELS:
         raise ValueError(f"model must be one of {', '.join(MODELS)}, got {cfg.model!r}.")
+    if cfg.sync not in SYNCS:
+        raise ValueError(f"sync must be one of {', '.join(SYNCS)}, got {cfg.sync!r}.")
     if cfg.samples < world_size:
         raise ValueError(f"samples={cfg.samples} is fewer than world_size={world_size}: some ranks would "
                          "only see padding; use more samples or fewer processes.")
@@ -69,6 +79,10 @@ def add_train_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dim", type=int, default=d.dim, help="features per sample")
     parser.add_argument("--seed", type=int, default=d.seed, help="seeds data, weights and shuffling")
     parser.add_argument("--model", choices=MODELS, default=d.model, help="linear (the seed's) or mlp")
+    parser.add_argument("--sync", choices=SYNCS, default=d.sync,
+                        help="ddp: DistributedDataParallel; manual: all_reduce the gradients by hand")
+    parser.add_argument("--check-grads", action="store_true",
+                        help="assert after every backward that all ranks hold identical gradients")
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:

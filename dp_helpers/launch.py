@@ -351,7 +351,8 @@ def error_message(error_file: str) -> str:
 def last_exception_line(log: str, rank: int) -> str:
     """Fallback without an error file: the last 'SomethingError: …' line that rank printed."""
     prefix = f"[rank {rank}/"
-    hits = [ln for ln in log.splitlines() if ln.startswith(prefix) and re.search(r"\w+(Error|Exception|Interrupt)\b", ln)]
+    pattern = r"\w+(Error|Exception|Interrupt)\b|what\(\):|Fatal Python error"  # Python, C++ and fatal errors
+    hits = [ln for ln in log.splitlines() if ln.startswith(prefix) and re.search(pattern, ln)]
     return hits[-1].split("] ", 1)[-1].strip() if hits else ""
 
 

@@ -12,13 +12,15 @@ def make_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
 
 
 def train_step(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
-               optimizer: torch.optim.Optimizer) -> torch.Tensor:
-    """One SGD step on a mean BCE loss; returns the detached local loss."""
+               optimizer: torch.optim.Optimizer, after_backward=None) -> torch.Tensor:
+    """One SGD step on a mean BCE loss, calling after_backward(model) between backward and step; returns the loss."""
     optimizer.zero_grad(set_to_none=True)
     outputs = model(inputs)
     # mean reduction: DDP averages gradients across ranks, so mean-of-means == global mean
     loss = nn.functional.binary_cross_entropy(outputs, targets.unsqueeze(1))
     loss.backward()
+    if after_backward is not None:
+        after_backward(model)
     optimizer.step()
     return loss.detach()
 

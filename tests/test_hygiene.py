@@ -10,7 +10,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-CODE = sorted((REPO / "dp_helpers").rglob("*.py"))
+# the seed's script as the seed wrote it, kept to be run and seen failing (notebook 03), and the
+# helper that shows mp.spawn failing in a kernel: both break the rules on purpose
+ON_PURPOSE = {"seed_spawn.py", "pitfalls.py"}
+CODE = sorted(p for p in (REPO / "dp_helpers").rglob("*.py") if p.name not in ON_PURPOSE)
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 
 

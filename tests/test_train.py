@@ -100,3 +100,11 @@ def test_sampler_padding_breaks_equivalence(tmp_path):
     reference = train_reference(TrainConfig(**cfg), world_size=4)
     diff = max((final_weights(run.run_dir)[k] - v).abs().max().item() for k, v in reference.state_dict.items())
     assert diff > 1e-3  # far outside assert_close's float32 tolerance: the duplicates changed the training
+
+
+def test_hand_written_all_reduce_equals_ddp_and_one_process(tmp_path, cli_run):
+    """Averaging gradients with all_reduce after backward (no DDP wrapper) == DDP == one process with the global batch."""
+    manual = launch_train(tmp_path / "manual", 2, sync="manual", check_grads=True)
+    assert manual.summary["sync"] == "manual"
+    torch.testing.assert_close(final_weights(manual.run_dir), final_weights(cli_run[0]))
+    torch.testing.assert_close(final_weights(manual.run_dir), train_reference(TrainConfig(batch_size=20)).state_dict)

@@ -1,0 +1,127 @@
+"""A ring all-reduce built from point-to-point sends, and the naive ring it improves on (taught in notebook 03).
+
+The bandwidth-optimal ring cuts the tensor into world_size chunks. In W-1 reduce-scatter steps each
+rank sends one chunk to its right neighbour and adds the chunk arriving from its left, until rank r
+owns the full sum of chunk (r+1) % W; in W-1 all-gather steps the finished chunks travel once more
+around the ring. Each rank sends 2(W-1)/W of the tensor, whatever W is, where the naive ring, which
+forwards whole tensors, sends W-1 times the tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class RingStep:
+    """One step of the schedule: in `phase`, at `step`, `rank` sends chunk `send` and receives chunk `recv`."""
+
+    phase: str
+    step: int
+    rank: int
+    send: int
+    recv: int
+
+
+def ring_schedule(world_size: int) -> list[RingStep]:
+    """Every send of the bandwidth-optimal ring, in order: W-1 reduce-scatter steps, then W-1 all-gather steps."""
+    steps = []
+    for s in range(world_size - 1):
+        steps += [RingStep("reduce-scatter", s, r, (r - s) % world_size, (r - s - 1) % world_size)
+                  for r in range(world_size)]
+    for s in range(world_size - 1):
+        steps += [RingStep("all-gather", s, r, (r + 1 - s) % world_size, (r - s) % world_size)
+                  for r in range(world_size)]
+    return steps
+
+
+def chunk_sizes(numel: int, world_size: int) -> list[int]:
+    """Elements per ring chunk (tensor_split: sizes differ by at most one; some are empty when numel < W)."""
+    return [len(c) for c in torch.arange(numel).tensor_split(world_size)]
+
+
+def ring_bytes(numel: int, element_size: int, world_size: int, rank: int) -> int:
+    """Bytes `rank` sends in the ring: 2(W-1)/W of the tensor when the chunks are equal."""
+    sizes = chunk_sizes(numel, world_size)
+    return sum(sizes[st.send] for st in ring_schedule(world_size) if st.rank == rank) * element_size
+
+
+def naive_ring_bytes(numel: int, element_size: int, world_size: int) -> int:
+    """Bytes each rank sends when whole tensors go around the ring: (W-1) times the tensor."""
+    return (world_size - 1) * numel * element_size
+
+
+def _neighbours(group) -> tuple[int, int, int, int]:
+    """(rank, world size, global rank of the right neighbour, of the left neighbour) in `group`."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    right, left = (rank + 1) % world, (rank - 1) % world
+    if group is not None:
+        right, left = dist.get_global_rank(group, right), dist.get_global_rank(group, left)
+    return rank, world, right, left
+
+
+def _exchange(send: torch.Tensor, recv: torch.Tensor, right: int, left: int, group) -> int:
+    """Send to the right while receiving from the left (no deadlock); returns the bytes sent."""
+    # both ends of a link compute the same chunk sizes, so an empty chunk is skipped on both sides
+    request = dist.isend(send.contiguous(), right, group=group) if send.numel() else None
+    if recv.numel():
+        dist.recv(recv, left, group=group)
+    if request is not None:
+        request.wait()
+    return send.numel() * send.element_size()
+
+
+def ring_all_reduce(tensor: torch.Tensor, group=None) -> int:
+    """Sum `tensor` over all ranks in place, like dist.all_reduce, with the bandwidth-optimal ring; returns bytes sent."""
+    rank, world, right, left = _neighbours(group)
+    if world == 1:
+        return 0
+    flat = tensor.detach().reshape(-1).clone()  # work on a contiguous copy; write back at the end
+    chunks, sent = list(flat.tensor_split(world)), 0
+    for st in (s for s in ring_schedule(world) if s.rank == rank):
+        incoming = torch.empty_like(chunks[st.recv])
+        sent += _exchange(chunks[st.send], incoming, right, left, group)
+        if st.phase == "reduce-scatter":
+            chunks[st.recv].add_(incoming)
+        else:
+            chunks[st.recv].copy_(incoming)
+    with torch.no_grad():
+        tensor.copy_(flat.view_as(tensor))
+    return sent
+
+
+def naive_ring_all_reduce(tensor: torch.Tensor, group=None) -> int:
+    """Sum over all ranks in place by forwarding whole tensors W-1 times around the ring; returns bytes sent."""
+    _, world, right, left = _neighbours(group)
+    passing, total, sent = tensor.detach().clone(), tensor.detach().clone(), 0
+    for _ in range(world - 1):
+        incoming = torch.empty_like(passing)
+        sent += _exchange(passing, incoming, right, left, group)
+        total += incoming
+        passing = incoming
+    with torch.no_grad():
+        tensor.copy_(total)
+    return sent
+
+
+def average_gradients(model: torch.nn.Module, group=None) -> None:
+    """Data parallelism by hand: after backward, sum each gradient over the ranks and divide by the world size."""
+    world = dist.get_world_size(group)
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad, group=group)
+            p.grad /= world
+
+
+def assert_identical_across_ranks(tensors, what: str = "gradients", group=None) -> None:
+    """Raise on every rank unless all ranks hold bitwise-identical tensors (an all-reduce of max and one of min)."""
+    flat = torch.cat([t.detach().reshape(-1).double() for t in tensors])  # float32 -> float64 is exact
+    high, low = flat.clone(), flat.clone()
+    dist.all_reduce(high, op=dist.ReduceOp.MAX, group=group)
+    dist.all_reduce(low, op=dist.ReduceOp.MIN, group=group)
+    if not torch.equal(high, low):
+        gap = (high - low).abs().max().item()
+        raise AssertionError(f"{what} differ across ranks (largest gap {gap:.3g}).")

@@ -1,0 +1,130 @@
+"""dp_helpers.collectives: the ring's schedule and byte counts, and the real rings against dist.all_reduce on 2, 3, 4 ranks."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from dp_helpers.collectives import chunk_sizes, naive_ring_bytes, ring_bytes, ring_schedule
+from dp_helpers.launch import DistributedRunError, run_ddp
+
+
+def simulate(values: list[list[float]]) -> list[list[float]]:
+    """Play the schedule on plain lists, every rank's step at once, as the processes would."""
+    world = len(values)
+    bounds = [0]
+    for size in chunk_sizes(len(values[0]), world):
+        bounds.append(bounds[-1] + size)
+    data = [list(v) for v in values]
+    schedule = ring_schedule(world)
+    for phase, step in dict.fromkeys((s.phase, s.step) for s in schedule):
+        sends = {s.rank: s for s in schedule if (s.phase, s.step) == (phase, step)}
+        payload = {r: data[r][bounds[st.send]:bounds[st.send + 1]] for r, st in sends.items()}
+        for r, st in sends.items():
+            incoming, lo = payload[(r - 1) % world], bounds[st.recv]
+            assert len(incoming) == bounds[st.recv + 1] - lo  # the left neighbour sent this very chunk
+            for i, v in enumerate(incoming):
+                data[r][lo + i] = data[r][lo + i] + v if phase == "reduce-scatter" else v
+    return data
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 5, 7])
+@pytest.mark.parametrize("length", [0, 1, 2, 6, 11])
+def test_schedule_sums_every_element_on_every_rank(world, length):
+    values = [[float(10 * r + i) for i in range(length)] for r in range(world)]
+    expected = [sum(v[i] for v in values) for i in range(length)]
+    assert simulate(values) == [expected] * world
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 8])
+def test_each_rank_sends_two_w_minus_one_over_w(world):
+    for numel in (1, 5, 999, 1000, 4096):
+        ideal = 2 * (world - 1) / world * numel * 4
+        for rank in range(world):
+            assert abs(ring_bytes(numel, 4, world, rank) - ideal) < 2 * 4  # within chunk rounding
+    assert ring_bytes(840, 4, world, 0) == 2 * (world - 1) * 840 // world * 4  # 840 splits evenly: exact
+    assert naive_ring_bytes(1024, 4, world) == (world - 1) * 1024 * 4
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_rings_match_all_reduce(tmp_path, world):
+    run_ddp("dp_helpers.scripts.ring_check", world_size=world, out_dir=tmp_path / "run", timeout=180, echo=False)
+    table = json.loads((tmp_path / "run" / "ring.json").read_text())
+    assert len(table) == world and len(table[0]) >= 8
+    for rank, cases in enumerate(table):
+        for case in cases:
+            assert case["ring_error"] <= 1e-5 and case["naive_error"] <= 1e-5, case
+            assert case["ring_bytes"] == ring_bytes(case["numel"], case["element_size"], world, rank)
+            assert case["naive_bytes"] == naive_ring_bytes(case["numel"], case["element_size"], world)
+    shapes = [c["shape"] for c in table[0]]
+    assert [0] in shapes and [1] in shapes and [world + 1] in shapes and [3, 4, 5] in shapes
+
+
+def test_ring_on_one_rank_is_a_no_op(monkeypatch):
+    import torch.distributed as dist
+
+    from dp_helpers import dist as dph
+    from dp_helpers.collectives import ring_all_reduce
+
+    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0"}.items():
+        monkeypatch.setenv(key, value)
+    dph.setup(backend="gloo", timeout_s=5)
+    try:
+        t = torch.arange(5.0)
+        assert ring_all_reduce(t) == 0 and torch.equal(t, torch.arange(5.0))
+    finally:
+        dph.teardown()
+    assert not dist.is_initialized()
+
+
+def test_collectives_demo(tmp_path):
+    run_ddp("dp_helpers.scripts.collectives_demo", world_size=3, out_dir=tmp_path / "run", timeout=180, echo=False)
+    table = json.loads((tmp_path / "run" / "collectives.json").read_text())
+    before = [torch.tensor(row["all_reduce (sum)"][0]) for row in table]
+    total = sum(before)
+    for rank, row in enumerate(table):
+        after = {name: torch.tensor(pair[1]) for name, pair in row.items()}
+        assert torch.equal(after["broadcast from rank 0"], before[0])
+        assert torch.equal(after["all_reduce (sum)"], total)
+        torch.testing.assert_close(after["all_reduce, then / world_size (average)"], total / 3)
+        assert torch.equal(after["all_gather"], torch.cat(before))
+        assert torch.equal(after["reduce_scatter (sum)"], total[rank:rank + 1])
+
+
+def test_identical_gradient_check_can_fail(write_script, tmp_path):
+    script = write_script("""
+        import torch
+        from torch.distributed.elastic.multiprocessing.errors import record
+        from dp_helpers import dist as dph
+        from dp_helpers.collectives import assert_identical_across_ranks
+
+        @record
+        def main():
+            info = dph.setup()
+            try:
+                assert_identical_across_ranks([torch.ones(3)])  # equal: passes
+                assert_identical_across_ranks([torch.ones(3) * (1 + info.rank)])  # differs: raises everywhere
+            finally:
+                dph.teardown()
+
+        main()
+        """)
+    with pytest.raises(DistributedRunError, match=r"AssertionError: gradients differ across ranks \(largest gap 1\)"):
+        run_ddp(script, world_size=2, out_dir=tmp_path / "run", timeout=120, echo=False)
+
+
+def test_the_seeds_script_fails_without_a_rendezvous(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "dp_helpers.scripts.seed_spawn"], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path, env={k: v for k, v in __import__("os").environ.items()
+                                                          if k not in ("MASTER_ADDR", "MASTER_PORT")})
+    assert proc.returncode != 0
+    assert "environment variable MASTER_ADDR expected, but not set" in proc.stderr
+
+
+def test_spawn_from_a_kernel_cannot_find_the_function():
+    from dp_helpers.pitfalls import spawn_in_a_kernel
+
+    text = spawn_in_a_kernel()
+    assert "Can't get attribute 'work' on <module '__main__'" in text and "ProcessExitedException" in text
