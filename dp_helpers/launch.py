@@ -196,7 +196,8 @@ def plan_launch(script, script_args, world_size, backend, out_dir, timeout, nnod
     if progress is not None:
         check_int("progress", progress, 1)
     backend = resolve_backend(backend, world_size, nnodes=nnodes)
-    run_dir = prepare_run_dir(out_dir, Path(target[-1]).stem.split(".")[-1])
+    name = target[-1].rsplit(".", 1)[-1] if target[0] == "-m" else Path(target[0]).stem
+    run_dir = prepare_run_dir(out_dir, name)
     command = torchrun_command(target, script_args, run_dir, world_size, nnodes, node_rank, rdzv_endpoint)
     return LaunchPlan(command, child_env(run_dir, world_size, backend, nnodes, env), run_dir,
                       world_size, backend, float(timeout), progress)

@@ -162,3 +162,26 @@ def plot_dataparallel_flow(sizes: list[int], ax=None):
 def _box(ax, x: float, y: float, text: str) -> None:
     ax.text(x, y, text, ha="center", va="center", fontsize="small",
             bbox={"boxstyle": "round", "facecolor": "white", "edgecolor": "gray"})
+
+
+def plot_ring_schedule(world_size: int, ax=None):
+    """Which chunk each rank sends to its right neighbour at every step of the ring all-reduce; returns the Axes."""
+    import numpy as np
+
+    from .collectives import ring_schedule
+
+    ax = _get_ax(ax)
+    steps = world_size - 1
+    grid = np.zeros((world_size, 2 * steps))
+    for st in ring_schedule(world_size):
+        col = st.step + (0 if st.phase == "reduce-scatter" else steps)
+        grid[st.rank, col] = st.send
+        verb = "add" if st.phase == "reduce-scatter" else "copy"
+        ax.text(col, st.rank, f"c{st.send} → r{(st.rank + 1) % world_size}\n({verb})", ha="center", va="center",
+                fontsize="small")
+    ax.imshow(grid, cmap="Pastel1", vmin=0, vmax=8, aspect="auto")
+    ax.axvline(steps - 0.5, color="black", linewidth=2)
+    ax.set_xticks(range(2 * steps), [f"RS {s + 1}" for s in range(steps)] + [f"AG {s + 1}" for s in range(steps)])
+    ax.set_yticks(range(world_size), [f"rank {r}" for r in range(world_size)])
+    ax.set_title(f"ring all-reduce on {world_size} ranks: reduce-scatter (RS), then all-gather (AG)")
+    return ax

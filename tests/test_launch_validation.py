@@ -129,3 +129,11 @@ def test_cli_error_has_no_traceback(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: backend 'nccl'") and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_default_run_folder_is_named_after_the_script(tmp_path, monkeypatch, script):
+    monkeypatch.chdir(tmp_path)
+    module_plan = launch.plan_launch("dp_helpers.scripts.train", (), 2, "gloo", None, 60, 1, 0, None, None, None)
+    file_plan = launch.plan_launch(script, (), 2, "gloo", None, 60, 1, 0, None, None, None)
+    assert module_plan.run_dir.parent == tmp_path / "runs" and module_plan.run_dir.name.split("-")[2] == "train"
+    assert file_plan.run_dir.name.split("-")[2] == "worker"
