@@ -125,3 +125,37 @@ def assert_identical_across_ranks(tensors, what: str = "gradients", group=None) 
     if not torch.equal(high, low):
         gap = (high - low).abs().max().item()
         raise AssertionError(f"{what} differ across ranks (largest gap {gap:.3g}).")
+
+
+class GlobalBatchNorm1d(torch.nn.BatchNorm1d):
+    """BatchNorm1d whose training statistics come from the whole global batch, by differentiable all-reduces."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalise with the global batch's mean and (biased) variance; update running stats as BatchNorm does."""
+        if not (self.training and dist.is_available() and dist.is_initialized()):
+            return super().forward(x)
+        from torch.distributed.nn.functional import (
+            all_reduce,  # its backward all-reduces the gradients too
+        )
+
+        count = all_reduce(torch.tensor([float(len(x))], device=x.device, dtype=x.dtype))
+        mean = all_reduce(x.sum(0)) / count
+        var = all_reduce(((x - mean) ** 2).sum(0)) / count  # two passes, as BatchNorm, for accuracy
+        with torch.no_grad():
+            m = self.momentum
+            self.running_mean.mul_(1 - m).add_(m * mean)
+            self.running_var.mul_(1 - m).add_(m * var * count / (count - 1))  # unbiased, as BatchNorm
+            self.num_batches_tracked += 1
+        return (x - mean) / torch.sqrt(var + self.eps) * self.weight + self.bias
+
+    @classmethod
+    def convert(cls, module: torch.nn.Module) -> torch.nn.Module:
+        """Replace every BatchNorm1d in `module` by a GlobalBatchNorm1d with the same weights and buffers."""
+        for name, child in module.named_children():
+            if isinstance(child, torch.nn.BatchNorm1d) and not isinstance(child, cls):
+                new = cls(child.num_features, child.eps, child.momentum, child.affine, child.track_running_stats)
+                new.load_state_dict(child.state_dict())
+                setattr(module, name, new)
+            else:
+                cls.convert(child)
+        return module

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, fields
 from .models import MODELS
 
 SYNCS = ("ddp", "manual")
+BN_SYNCS = ("none", "allreduce", "syncbn")
 
 
 @dataclass(frozen=True)
@@ -25,13 +26,23 @@ class TrainConfig:
     model: str = "linear"
     sync: str = "ddp"  # ddp: the DDP wrapper all-reduces gradients; manual: an all_reduce per parameter by hand
     check_grads: bool = False  # assert after every backward that all ranks hold identical gradients
+    grad_accum_steps: int = 1  # micro-batches per optimizer step (DDP synchronises only the last)
+    use_no_sync: bool = True  # with accumulation: skip the all-reduce of all but the last micro-batch
+    momentum: float = 0.0  # SGD momentum: optimizer state that a checkpoint must carry
+    bn_sync: str = "none"  # for --model bn: none (per-rank statistics), allreduce (by hand), syncbn (GPUs)
+    checkpoint: str = ""  # rank 0 saves model, optimizer and epoch here after every epoch
+    resume: str = ""  # every rank loads this checkpoint and continues from its epoch
+    stop_after: int = 0  # stop after this many epochs (a simulated interruption); 0 runs them all
 
     def as_args(self) -> list[str]:
-        """The same config as worker command-line flags (a True bool is a bare flag, False is left out)."""
+        """The fields that differ from the defaults, as worker command-line flags (a True bool is a bare flag)."""
         args = []
         for f in fields(self):
             flag, value = f"--{f.name.replace('_', '-')}", getattr(self, f.name)
-            args += ([flag] if value else []) if isinstance(value, bool) else [flag, str(value)]
+            if value != f.default and isinstance(value, bool):
+                args.append(flag if value else f"--no-{flag[2:]}")
+            elif value != f.default:
+                args += [flag, str(value)]
         return args
 
     def as_dict(self) -> dict:
@@ -57,9 +68,14 @@ def check_positive_number(name: str, value) -> None:
 
 def validate(cfg: TrainConfig, world_size: int = 1) -> None:
     """Refuse a config that cannot train, with one sentence naming the flag and the fix."""
-    for name, minimum in (("epochs", 1), ("batch_size", 1), ("samples", 1), ("dim", 1), ("seed", 0)):
+    for name, minimum in (("epochs", 1), ("batch_size", 1), ("samples", 1), ("dim", 1), ("seed", 0),
+                          ("grad_accum_steps", 1), ("stop_after", 0)):
         check_int(name, getattr(cfg, name), minimum)
     check_positive_number("lr", cfg.lr)
+    if not (isinstance(cfg.momentum, (int, float)) and 0 <= cfg.momentum < 1):
+        raise ValueError(f"momentum must be a number in [0, 1), got {cfg.momentum!r}.")
+    if cfg.bn_sync not in BN_SYNCS:
+        raise ValueError(f"bn_sync must be one of {', '.join(BN_SYNCS)}, got {cfg.bn_sync!r}.")
     if cfg.model not in MODELS:
         raise ValueError(f"model must be one of {', '.join(MODELS)}, got {cfg.model!r}.")
     if cfg.sync not in SYNCS:
@@ -81,8 +97,19 @@ def add_train_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=MODELS, default=d.model, help="linear (the seed's) or mlp")
     parser.add_argument("--sync", choices=SYNCS, default=d.sync,
                         help="ddp: DistributedDataParallel; manual: all_reduce the gradients by hand")
-    parser.add_argument("--check-grads", action="store_true",
+    parser.add_argument("--check-grads", action=argparse.BooleanOptionalAction, default=d.check_grads,
                         help="assert after every backward that all ranks hold identical gradients")
+    parser.add_argument("--grad-accum-steps", type=int, default=d.grad_accum_steps,
+                        help="micro-batches per optimizer step; DDP all-reduces only on the last (no_sync)")
+    parser.add_argument("--use-no-sync", action=argparse.BooleanOptionalAction, default=d.use_no_sync,
+                        help="with accumulation, skip the all-reduce of all but the last micro-batch")
+    parser.add_argument("--momentum", type=float, default=d.momentum, help="SGD momentum")
+    parser.add_argument("--bn-sync", choices=BN_SYNCS, default=d.bn_sync,
+                        help="with --model bn: per-rank statistics, an all-reduce by hand, or SyncBatchNorm (GPUs)")
+    parser.add_argument("--checkpoint", default=d.checkpoint, help="save model, optimizer and epoch here every epoch")
+    parser.add_argument("--resume", default=d.resume, help="continue from this checkpoint")
+    parser.add_argument("--stop-after", type=int, default=d.stop_after,
+                        help="stop after this many epochs, as if interrupted (0: never)")
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import gc
+import json
 import os
 import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -86,3 +88,14 @@ def print0(info: DistInfo, *args, **kwargs) -> None:
     if info.is_main:
         print(*args, flush=True, **kwargs)
 
+
+
+def gather_to_file(info: DistInfo, mine, filename: str) -> list | None:
+    """Every rank hands in `mine`; rank 0 writes the list of all ranks' values as JSON into the run folder."""
+    table = [None] * info.world_size
+    dist.all_gather_object(table, mine)  # a collective: every rank takes part, only rank 0 writes
+    if info.is_main:
+        path = Path(os.environ.get("DP_RUN_DIR", ".")) / filename
+        path.write_text(json.dumps(table, indent=1), encoding="utf-8")
+        return table
+    return None

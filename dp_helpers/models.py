@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-MODELS = ("linear", "mlp")
+MODELS = ("linear", "mlp", "bn")
 
 
 class SimpleModel(nn.Module):
@@ -38,10 +38,22 @@ class MLP(nn.Module):
         return torch.sigmoid(self.net(x))
 
 
+class BNNet(nn.Module):
+    """Linear -> BatchNorm1d -> ReLU -> Linear -> sigmoid: a model whose forward depends on the whole batch."""
+
+    def __init__(self, input_dim: int, hidden: int = 16):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(input_dim, hidden), nn.BatchNorm1d(hidden), nn.ReLU(), nn.Linear(hidden, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Probabilities of shape (batch, 1)."""
+        return torch.sigmoid(self.net(x))
+
+
 def build_model(name: str, input_dim: int, seed: int) -> nn.Module:
     """A freshly initialised model, its weights fixed by `seed` alone (same on every rank)."""
     if name not in MODELS:
         raise ValueError(f"model must be one of {', '.join(MODELS)}, got {name!r}.")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return SimpleModel(input_dim) if name == "linear" else MLP(input_dim)
+        return {"linear": SimpleModel, "mlp": MLP, "bn": BNNet}[name](input_dim)

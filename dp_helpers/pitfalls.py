@@ -31,3 +31,20 @@ def spawn_in_a_kernel(timeout: float = 120) -> str:
         elif out.output_type == "error":
             parts.append(f"{out.ename}: {out.evalue}")
     return "".join(parts)
+
+
+def fixed_port_in_use(timeout: float = 120) -> str:
+    """Start torchrun on a fixed --master-port that another socket holds; return the error lines it prints."""
+    import socket
+    import sys
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))  # stands for another job, or a leftover process, on that port
+        holder.listen()
+        port = holder.getsockname()[1]
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
+               "--master-port", str(port), "-m", "dp_helpers.scripts.collectives_demo"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+    lines = (proc.stdout + proc.stderr).splitlines()
+    return "\n".join(ln for ln in lines if "EADDRINUSE" in ln or "already in use" in ln.lower())

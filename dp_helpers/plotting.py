@@ -185,3 +185,46 @@ def plot_ring_schedule(world_size: int, ax=None):
     ax.set_yticks(range(world_size), [f"rank {r}" for r in range(world_size)])
     ax.set_title(f"ring all-reduce on {world_size} ranks: reduce-scatter (RS), then all-gather (AG)")
     return ax
+
+
+def plot_backward_timeline(events: list[dict], ax=None):
+    """Gantt chart of one DDP backward: when each layer's gradient is ready, and each bucket's all-reduce; returns the Axes."""
+    ax = _get_ax(ax)
+    ready = [e for e in events if e["kind"] == "gradient ready"]
+    buckets = sorted((e for e in events if e["kind"] == "all-reduce"), key=lambda e: e["start"])
+    for e in ready:
+        ax.plot([1e3 * e["start"]] * 2, [-0.4, 0.4], color="C0")
+        ax.text(1e3 * e["start"], 0.45, e["name"].replace("layer ", "L"), ha="center", fontsize="x-small")
+    for row, e in enumerate(buckets, start=1):
+        ax.barh(row, 1e3 * (e["end"] - e["start"]), left=1e3 * e["start"], color="C1", height=0.6)
+        ax.text(1e3 * e["end"], row, f" {e['bytes'] / 2**20:.1f} MiB", va="center", fontsize="x-small")
+    done = [e["start"] for e in events if e["kind"] == "backward done"]
+    if done:
+        ax.axvline(1e3 * done[0], color="gray", linestyle=":", label="backward returns")
+        ax.legend(fontsize="small", loc="lower right")
+    ax.set_yticks(range(len(buckets) + 1), ["gradients ready"] + [e["name"] for e in buckets])
+    ax.invert_yaxis()
+    ax.set_xlabel("ms since the backward started")
+    ax.set_title("computation (top) and bucket all-reduces (bars) overlap")
+    return ax
+
+
+def plot_bucket_sweep(rows: list[dict], ax=None):
+    """All-reduces per step (bars) and step time (lines, right axis) against bucket_cap_mb; returns the Axes."""
+    ax = _get_ax(ax)
+    caps = sorted({r["bucket_cap_mb"] for r in rows})
+    base = [r for r in rows if not r["gradient_as_bucket_view"]]
+    ax.bar(range(len(caps)), [next(r["allreduces_per_step"] for r in base if r["bucket_cap_mb"] == c) for c in caps],
+           color="lightgray", label="all-reduces per step")
+    ax.set_xticks(range(len(caps)), [f"{c:g}" for c in caps])
+    ax.set_xlabel("bucket_cap_mb")
+    ax.set_ylabel("all-reduces per step")
+    right = ax.twinx()
+    for view, style in ((False, "o-"), (True, "s--")):
+        ms = [1e3 * next(r["step_seconds"] for r in rows if r["bucket_cap_mb"] == c and r["gradient_as_bucket_view"] == view)
+              for c in caps]
+        right.plot(range(len(caps)), ms, style, label=f"step time, gradient_as_bucket_view={view}")
+    right.set_ylabel("ms per step (measured)")
+    right.set_ylim(bottom=0)
+    right.legend(fontsize="small", loc="upper right")
+    return ax

@@ -28,7 +28,7 @@ def train_reference(cfg: TrainConfig, world_size: int = 1) -> ReferenceResult:
     model = build_model(cfg.model, cfg.dim, cfg.seed)
     loader, sampler = make_loader(make_synthetic(cfg.samples, cfg.dim, cfg.seed), cfg.batch_size,
                                   rank=0, world_size=1, seed=cfg.seed)
-    optimizer, losses = make_optimizer(model, cfg.lr), []
+    optimizer, losses = make_optimizer(model, cfg.lr, cfg.momentum), []
     for epoch in range(cfg.epochs):
         sampler.set_epoch(epoch)
         losses += [train_step(model, x, y, optimizer).item() for x, y in loader]

@@ -18,7 +18,7 @@ from dp_helpers.reference import train_reference
     ({"lr": 0.0}, ValueError, "lr must be a finite number > 0, got 0.0."),
     ({"lr": math.nan}, ValueError, "lr must be a finite number > 0, got nan."),
     ({"lr": "0.1"}, TypeError, "lr must be a number, got '0.1' (str)."),
-    ({"model": "resnet"}, ValueError, "model must be one of linear, mlp, got 'resnet'."),
+    ({"model": "resnet"}, ValueError, "model must be one of linear, mlp, bn, got 'resnet'."),
 ])
 def test_validate_says_one_sentence(change, error, words):
     cfg = TrainConfig(**{**TrainConfig().as_dict(), **change})

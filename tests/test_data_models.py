@@ -80,5 +80,5 @@ def test_models_output_probabilities():
     for name in ("linear", "mlp"):
         out = build_model(name, 6, seed=0)(torch.randn(5, 6))
         assert out.shape == (5, 1) and bool(((out > 0) & (out < 1)).all())
-    with pytest.raises(ValueError, match="model must be one of linear, mlp, got 'cnn'"):
+    with pytest.raises(ValueError, match="model must be one of linear, mlp, bn, got 'cnn'"):
         build_model("cnn", 6, seed=0)

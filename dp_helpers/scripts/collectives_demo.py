@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
-
 import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
@@ -46,11 +42,7 @@ def main() -> None:
         mine = demos(info)
         for name, (before, after) in mine.items():
             print(f"{name:<42} before {before}  after {after}", flush=True)
-        table = [None] * info.world_size
-        dist.all_gather_object(table, mine)  # every rank takes part; only rank 0 writes
-        if info.is_main:
-            path = Path(os.environ.get("DP_RUN_DIR", ".")) / "collectives.json"
-            path.write_text(json.dumps(table, indent=1), encoding="utf-8")
+        dph.gather_to_file(info, mine, "collectives.json")
     finally:
         dph.teardown()
 

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
-
 import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
@@ -39,12 +35,8 @@ def main() -> None:
     info = dph.setup()
     try:
         mine = [check(shape, dtype, info) for shape, dtype in shapes(info.world_size)]
-        table = [None] * info.world_size
-        dist.all_gather_object(table, mine)
-        if info.is_main:
-            path = Path(os.environ.get("DP_RUN_DIR", ".")) / "ring.json"
-            path.write_text(json.dumps(table, indent=1), encoding="utf-8")
-            print(f"{len(mine)} cases checked on {info.world_size} ranks", flush=True)
+        dph.gather_to_file(info, mine, "ring.json")
+        dph.print0(info, f"{len(mine)} cases checked on {info.world_size} ranks")
     finally:
         dph.teardown()
 

@@ -1,4 +1,4 @@
-"""The seed's DDP example made correct: sampler with set_epoch, rank-0 output, derived device, clean teardown (taught in notebook 03).
+"""The seed's DDP example made correct: sampler with set_epoch, rank-0 output, derived device, clean teardown (notebooks 03, 04).
 
 Run it through `python -m dp_helpers train`, or directly:
     python -m torch.distributed.run --standalone --nproc-per-node 2 -m dp_helpers.scripts.train --out runs/x
@@ -13,17 +13,22 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dp_helpers import dist as dph
-from dp_helpers.collectives import assert_identical_across_ranks, average_gradients
+from dp_helpers.collectives import (
+    GlobalBatchNorm1d,
+    assert_identical_across_ranks,
+    average_gradients,
+)
 from dp_helpers.config import TrainConfig, config_from_args, validate, worker_parser
 from dp_helpers.data import make_loader, make_synthetic, shard_plan
 from dp_helpers.env import seed_everything
 from dp_helpers.metrics import MetricsWriter
 from dp_helpers.models import build_model
-from dp_helpers.training import make_optimizer, train_step
+from dp_helpers.training import accumulate_step, make_optimizer
 
 
 def epoch_mean_loss(loss_sum: float, count: int, info: dph.DistInfo) -> float:
@@ -33,12 +38,27 @@ def epoch_mean_loss(loss_sum: float, count: int, info: dph.DistInfo) -> float:
     return (totals[0] / totals[1]).item()
 
 
-def wrap_model(model, cfg: TrainConfig, info: dph.DistInfo):
-    """DDP's wrapper, or the bare model whose weights rank 0 broadcasts, as DDP's constructor would."""
+def counting_hook(state: dict, bucket):
+    """DDP's default all-reduce, counting the buckets and bytes it sends."""
+    state["allreduces"] += 1
+    state["bytes"] += bucket.buffer().numel() * bucket.buffer().element_size()
+    return allreduce_hook(None, bucket)
+
+
+def prepare_model(cfg: TrainConfig, info: dph.DistInfo):
+    """The model on its device, BatchNorm synchronised as asked, then wrapped (DDP) or broadcast from rank 0."""
+    model = build_model(cfg.model, cfg.dim, cfg.seed)
+    if cfg.bn_sync == "allreduce":
+        model = GlobalBatchNorm1d.convert(model)
+    elif cfg.bn_sync == "syncbn":
+        if info.device.type == "cpu":
+            raise ValueError("bn_sync 'syncbn' needs GPUs (SyncBatchNorm refuses CPU tensors); use 'allreduce'.")
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    model = model.to(info.device)
     if cfg.sync == "ddp":
         return DDP(model, device_ids=[info.device] if info.device.type != "cpu" else None)
     for p in model.parameters():
-        dist.broadcast(p.data, src=0)
+        dist.broadcast(p.data, src=0)  # what DDP's constructor does
     return model
 
 
@@ -49,15 +69,47 @@ def after_backward(cfg: TrainConfig):
     return (lambda model: [act(model) for act in actions]) if actions else None
 
 
-def run_epoch(epoch: int, step: int, model, loader, optimizer, writer: MetricsWriter,
-              info: dph.DistInfo, hook=None) -> tuple[int, float, int]:
-    """Train one epoch; returns the next global step, this rank's loss sum and sample count."""
-    loss_sum, count = 0.0, 0
+def micro_batches(loader, k: int, device):
+    """Group the loader's batches k at a time (the last group may be shorter), moved to `device`."""
+    group = []
     for inputs, targets in loader:
-        loss = train_step(model, inputs.to(info.device), targets.to(info.device), optimizer, hook).item()
-        writer.log(epoch=epoch, step=step, loss=loss, samples=len(inputs))
-        loss_sum, count, step = loss_sum + loss * len(inputs), count + len(inputs), step + 1
+        group.append((inputs.to(device), targets.to(device)))
+        if len(group) == k:
+            yield group
+            group = []
+    if group:
+        yield group
+
+
+def run_epoch(epoch: int, step: int, model, loader, optimizer, writer: MetricsWriter, cfg: TrainConfig,
+              info: dph.DistInfo) -> tuple[int, float, int]:
+    """Train one epoch; returns the next global step, this rank's loss sum and sample count."""
+    loss_sum, count, hook = 0.0, 0, after_backward(cfg)
+    no_sync = getattr(model, "no_sync", None) if cfg.use_no_sync else None
+    for group in micro_batches(loader, cfg.grad_accum_steps, info.device):
+        loss = accumulate_step(model, group, optimizer, no_sync, hook).item()
+        samples = sum(len(x) for x, _ in group)
+        writer.log(epoch=epoch, step=step, loss=loss, samples=samples)
+        loss_sum, count, step = loss_sum + loss * samples, count + samples, step + 1
     return step, loss_sum, count
+
+
+def save_checkpoint(path: str, model, optimizer, epoch: int, step: int, info: dph.DistInfo) -> None:
+    """Rank 0 writes model, optimizer and position whole, then renames it into place; every rank waits for it."""
+    if info.is_main:
+        state = {"model": getattr(model, "module", model).state_dict(), "optimizer": optimizer.state_dict(),
+                 "epoch": epoch, "step": step}
+        torch.save(state, path + ".tmp")
+        os.replace(path + ".tmp", path)
+    dist.barrier()  # nobody reads the file before it is complete
+
+
+def load_checkpoint(path: str, model, optimizer, info: dph.DistInfo) -> tuple[int, int]:
+    """Every rank loads the checkpoint onto its own device; returns (next epoch, next step)."""
+    state = torch.load(path, map_location=info.device, weights_only=True)
+    getattr(model, "module", model).load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    return state["epoch"], state["step"]
 
 
 def save_outputs(out: Path, model, summary: dict) -> None:
@@ -72,27 +124,38 @@ def save_outputs(out: Path, model, summary: dict) -> None:
 def train(cfg: TrainConfig, out: Path, info: dph.DistInfo) -> dict:
     """Train with DDP and return the summary (every rank runs every collective; rank 0 reports)."""
     seed_everything(cfg.seed)
-    dataset = make_synthetic(cfg.samples, cfg.dim, cfg.seed)
-    model = build_model(cfg.model, cfg.dim, cfg.seed).to(info.device)
-    model = wrap_model(model, cfg, info)
-    loader, sampler = make_loader(dataset, cfg.batch_size, info.rank, info.world_size, cfg.seed)
-    optimizer = make_optimizer(model, cfg.lr)
-    plan, epoch_losses, step, start = shard_plan(cfg.samples, info.world_size, cfg.batch_size), [], 0, time.perf_counter()
+    model, comm = prepare_model(cfg, info), {"allreduces": 0, "bytes": 0}
+    if isinstance(model, DDP):
+        model.register_comm_hook(comm, counting_hook)
+    loader, sampler = make_loader(make_synthetic(cfg.samples, cfg.dim, cfg.seed), cfg.batch_size, info.rank,
+                                  info.world_size, cfg.seed)
+    optimizer, losses, start = make_optimizer(model, cfg.lr, cfg.momentum), [], time.perf_counter()
+    first, step = load_checkpoint(cfg.resume, model, optimizer, info) if cfg.resume else (0, 0)
+    last = min(cfg.epochs, cfg.stop_after) if cfg.stop_after else cfg.epochs
     with MetricsWriter(out, info.rank, info.world_size) as writer:
-        for epoch in range(cfg.epochs):
+        for epoch in range(first, last):
             sampler.set_epoch(epoch)  # without it every epoch repeats the same order
-            step, loss_sum, count = run_epoch(epoch, step, model, loader, optimizer, writer, info, after_backward(cfg))
-            epoch_losses.append(epoch_mean_loss(loss_sum, count, info))
-            dph.print0(info, f"epoch {epoch + 1}/{cfg.epochs}  loss={epoch_losses[-1]:.6f}  steps={step}")
-    summary = {"config": cfg.as_dict(), "world_size": info.world_size, "backend": info.backend, "sync": cfg.sync,
-               "device": str(info.device), "global_batch_size": info.world_size * cfg.batch_size,
-               "steps": step, "epoch_losses": epoch_losses, "final_loss": epoch_losses[-1],
-               "padded_samples_per_epoch": plan.padded, "last_batch_size": plan.last_batch,
-               "equivalent_to_large_batch": plan.equivalent_to_large_batch, "equivalence": plan.explain(),
-               "train_seconds": round(time.perf_counter() - start, 3), "torch": torch.__version__}
+            step, loss_sum, count = run_epoch(epoch, step, model, loader, optimizer, writer, cfg, info)
+            losses.append(epoch_mean_loss(loss_sum, count, info))
+            dph.print0(info, f"epoch {epoch + 1}/{cfg.epochs}  loss={losses[-1]:.6f}  steps={step}")
+            if cfg.checkpoint:
+                save_checkpoint(cfg.checkpoint, model, optimizer, epoch + 1, step, info)
+    summary = make_summary(cfg, info, step, losses, comm, time.perf_counter() - start)
     if info.is_main:
         save_outputs(out, model, summary)
     return summary
+
+
+def make_summary(cfg: TrainConfig, info: dph.DistInfo, step: int, losses: list, comm: dict, seconds: float) -> dict:
+    """What summary.json records about the run."""
+    plan = shard_plan(cfg.samples, info.world_size, cfg.batch_size)
+    return {"config": cfg.as_dict(), "world_size": info.world_size, "backend": info.backend, "sync": cfg.sync,
+            "device": str(info.device), "global_batch_size": info.world_size * cfg.batch_size * cfg.grad_accum_steps,
+            "steps": step, "epoch_losses": losses, "final_loss": losses[-1] if losses else None,
+            "allreduce_calls": comm["allreduces"], "allreduce_bytes": comm["bytes"],
+            "padded_samples_per_epoch": plan.padded, "last_batch_size": plan.last_batch,
+            "equivalent_to_large_batch": plan.equivalent_to_large_batch, "equivalence": plan.explain(),
+            "train_seconds": round(seconds, 3), "torch": torch.__version__}
 
 
 @record

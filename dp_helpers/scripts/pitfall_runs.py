@@ -1,0 +1,112 @@
+"""The classic DDP mistakes, each run for real next to its fix; a short process-group timeout turns hangs into errors (notebook 04).
+
+Cases: uneven / uneven-join (ranks with different numbers of batches), rank0-collective /
+rank0-fixed (a collective inside `if rank == 0:`), unused-params / unused-params-fixed, and
+module-prefix (saving the DDP wrapper's state_dict instead of model.module's).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.join import Join
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from dp_helpers import dist as dph
+from dp_helpers.models import build_model
+
+
+def train_batches(model, n_batches: int, info: dph.DistInfo) -> int:
+    """Train on n_batches small batches; returns how many ran."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for i in range(n_batches):
+        gen = torch.Generator().manual_seed(100 * info.rank + i)
+        x, y = torch.randn(8, 10, generator=gen), torch.rand(8, 1, generator=gen)
+        opt.zero_grad()
+        torch.nn.functional.binary_cross_entropy(model(x.to(info.device)), y.to(info.device)).backward()
+        opt.step()
+    return n_batches
+
+
+def uneven(info: dph.DistInfo, join: bool) -> dict:
+    """Rank r has 5 - 2r batches; without Join the ranks that finish first wait at the next collective."""
+    model, n = DDP(build_model("linear", 10, seed=0).to(info.device)), 5 - 2 * (info.rank % 2)
+    if join:
+        with Join([model]):  # finished ranks shadow the others' all-reduces until everyone is done
+            done = train_batches(model, n, info)
+    else:
+        done = train_batches(model, n, info)
+    dist.barrier()  # e.g. before saving: the rank with fewer batches arrives here early
+    return {"batches": done}
+
+
+def rank0_collective(info: dph.DistInfo, fixed: bool) -> dict:
+    """Average a metric for the log: inside `if rank == 0:` the all_reduce waits for ranks that never call it."""
+    metric = torch.tensor([float(info.rank)], device=info.device)
+    if fixed:
+        dist.all_reduce(metric)  # every rank takes part...
+        dph.print0(info, f"mean metric {metric.item() / info.world_size}")  # ...only rank 0 prints
+    elif info.is_main:
+        dist.all_reduce(metric)  # the bug: the other ranks never join this all_reduce
+        print(f"mean metric {metric.item() / info.world_size}")
+    dist.barrier()
+    return {"metric": metric.item()}
+
+
+class TwoHeads(torch.nn.Module):
+    """A model with a head that forward never uses."""
+
+    def __init__(self):
+        super().__init__()
+        self.used, self.unused = torch.nn.Linear(10, 1), torch.nn.Linear(10, 1)
+
+    def forward(self, x):
+        """Only the used head."""
+        return torch.sigmoid(self.used(x))
+
+
+def unused_params(info: dph.DistInfo, fixed: bool) -> dict:
+    """DDP waits for a gradient that never comes unless told find_unused_parameters=True."""
+    model = DDP(TwoHeads().to(info.device), find_unused_parameters=fixed)
+    return {"batches": train_batches(model, 3, info)}
+
+
+def module_prefix(info: dph.DistInfo) -> dict:
+    """Load the wrapper's state_dict into a plain model (fails), then model.module's (works)."""
+    model, plain = DDP(build_model("linear", 10, seed=0).to(info.device)), build_model("linear", 10, seed=1)
+    try:
+        plain.load_state_dict(model.state_dict())
+        error = ""
+    except RuntimeError as exc:
+        error = str(exc).strip().splitlines()[0] + " " + str(exc).strip().splitlines()[-1].strip()
+    plain.load_state_dict(model.module.state_dict())
+    return {"wrapper_keys": list(model.state_dict()), "error": error, "module_keys": list(model.module.state_dict())}
+
+
+CASES = {
+    "uneven": lambda info: uneven(info, join=False), "uneven-join": lambda info: uneven(info, join=True),
+    "rank0-collective": lambda info: rank0_collective(info, fixed=False),
+    "rank0-fixed": lambda info: rank0_collective(info, fixed=True),
+    "unused-params": lambda info: unused_params(info, fixed=False),
+    "unused-params-fixed": lambda info: unused_params(info, fixed=True), "module-prefix": module_prefix,
+}
+
+
+@record
+def main() -> None:
+    """Run one case on every rank; rank 0 writes <case>.json when it finishes."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--case", choices=sorted(CASES), required=True)
+    args = parser.parse_args()
+    info = dph.setup()
+    try:
+        dph.gather_to_file(info, CASES[args.case](info), f"{args.case}.json")
+    finally:
+        dph.teardown()
+
+
+if __name__ == "__main__":
+    main()

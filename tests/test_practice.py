@@ -1,0 +1,129 @@
+"""DDP in practice, for real: accumulation, BatchNorm statistics, checkpoints, Join, the classic mistakes, evaluation."""
+
+import json
+import time
+
+import pytest
+import torch
+
+from dp_helpers.config import TrainConfig
+from dp_helpers.launch import DistributedRunError, run_ddp
+from dp_helpers.reference import train_reference
+
+pytestmark = pytest.mark.slow
+
+
+def train(out, world_size, **changes):
+    """The train worker under run_ddp; returns (RunResult, final weights)."""
+    result = run_ddp("dp_helpers.scripts.train", *TrainConfig(**changes).as_args(), world_size=world_size,
+                     out_dir=out, timeout=300, echo=False)
+    return result, torch.load(result.run_dir / "model.pt", weights_only=True)
+
+
+def case(tmp_path, name, world_size=2, timeout_env="5"):
+    """One pitfall_runs case; returns rank 0's JSON."""
+    run = run_ddp("dp_helpers.scripts.pitfall_runs", "--case", name, world_size=world_size, out_dir=tmp_path / name,
+                  env={"DP_PG_TIMEOUT": timeout_env}, timeout=120, echo=False)
+    return json.loads((run.run_dir / f"{name}.json").read_text())[0]
+
+
+def test_no_sync_accumulation_equals_the_large_batch_and_saves_all_reduces(tmp_path):
+    cfg = {"batch_size": 5, "grad_accum_steps": 2, "epochs": 3, "lr": 0.5}
+    quiet, weights = train(tmp_path / "quiet", 2, **cfg)
+    loud, loud_weights = train(tmp_path / "loud", 2, use_no_sync=False, **cfg)
+    reference = train_reference(TrainConfig(batch_size=10, epochs=3, lr=0.5), world_size=2)  # global 2 x 5 x 2
+    torch.testing.assert_close(weights, reference.state_dict)
+    torch.testing.assert_close(loud_weights, reference.state_dict)
+    steps = quiet.summary["steps"]
+    assert steps == 15 and quiet.summary["allreduce_calls"] == steps  # one all-reduce per optimizer step
+    assert loud.summary["allreduce_calls"] == 2 * steps  # one per micro-batch without no_sync
+
+
+def test_batchnorm_statistics(tmp_path):
+    reference = train_reference(TrainConfig(model="bn", epochs=3, lr=0.5), world_size=2)
+    _, local = train(tmp_path / "local", 2, model="bn", epochs=3, lr=0.5)
+    _, synced = train(tmp_path / "synced", 2, model="bn", bn_sync="allreduce", epochs=3, lr=0.5)
+    torch.testing.assert_close(synced, reference.state_dict)  # global statistics by all-reduce == one process
+    gap = max((local[k].float() - v.float()).abs().max().item() for k, v in reference.state_dict.items())
+    assert gap > 1e-2  # per-rank statistics drift from the single-process model
+
+
+def test_syncbn_is_refused_on_cpu(tmp_path):
+    with pytest.raises(DistributedRunError, match="SyncBatchNorm refuses CPU tensors"):
+        train(tmp_path / "run", 2, model="bn", bn_sync="syncbn", epochs=1)
+
+
+def test_resume_equals_an_uninterrupted_run(tmp_path):
+    cfg = {"epochs": 6, "momentum": 0.9, "lr": 0.1}
+    _, whole = train(tmp_path / "whole", 2, **cfg)
+    ckpt = str(tmp_path / "ckpt.pt")
+    first, _ = train(tmp_path / "first", 2, checkpoint=ckpt, stop_after=3, **cfg)
+    second, resumed = train(tmp_path / "second", 2, resume=ckpt, **cfg)
+    assert first.summary["steps"] == 15 and second.summary["steps"] == 30 and len(second.summary["epoch_losses"]) == 3
+    torch.testing.assert_close(resumed, whole)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("ckpt")) == ["ckpt.pt"]  # no .tmp left
+
+
+def test_uneven_inputs_time_out_and_join_fixes_them(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(DistributedRunError, match="Timed out"):
+        case(tmp_path, "uneven")
+    assert time.monotonic() - start < 30
+    assert case(tmp_path, "uneven-join")["batches"] == 5
+
+
+def test_collective_inside_rank_0_times_out_and_the_fix_runs(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(DistributedRunError, match="Timed out"):
+        case(tmp_path, "rank0-collective")
+    assert time.monotonic() - start < 30
+    assert case(tmp_path, "rank0-fixed")["metric"] == 1.0  # 0 + 1
+
+
+def test_unused_parameters_error_and_fix(tmp_path):
+    with pytest.raises(DistributedRunError, match="Expected to have finished reduction in the prior iteration"):
+        case(tmp_path, "unused-params")
+    assert case(tmp_path, "unused-params-fixed")["batches"] == 3
+
+
+def test_module_prefix(tmp_path):
+    found = case(tmp_path, "module-prefix")
+    assert found["wrapper_keys"] == ["module.fc.weight", "module.fc.bias"]
+    assert 'Unexpected key(s) in state_dict: "module.fc.weight"' in found["error"]
+    assert found["module_keys"] == ["fc.weight", "fc.bias"]
+
+
+def test_padded_evaluation_is_skewed_and_exact_sums_are_not(tmp_path):
+    from dp_helpers.data import make_synthetic
+    from dp_helpers.models import build_model
+
+    run = run_ddp("dp_helpers.scripts.evaluate", world_size=4, out_dir=tmp_path / "run", timeout=120, echo=False)
+    result = json.loads((run.run_dir / "eval.json").read_text())[0]
+    data, model = make_synthetic(10, 10, seed=0), build_model("linear", 10, seed=0)
+    with torch.no_grad():
+        p = model(data.data).squeeze(1)
+    loss = torch.nn.functional.binary_cross_entropy(p, data.target).item()
+    assert result["exact"]["samples"] == 10 and result["padded"]["samples"] == 12
+    assert result["exact"]["loss"] == pytest.approx(loss, rel=1e-6)
+    assert abs(result["padded"]["loss"] - loss) > 1e-3
+
+
+def test_ddp_internals(tmp_path):
+    for exp in ("timeline", "sweep", "fp16"):
+        run_ddp("dp_helpers.scripts.ddp_internals", "--experiment", exp, world_size=2, out_dir=tmp_path / exp,
+                timeout=300, echo=False)
+    events = json.loads((tmp_path / "timeline" / "timeline.json").read_text())[0]
+    first_allreduce = min(e["start"] for e in events if e["kind"] == "all-reduce")
+    last_ready = max(e["start"] for e in events if e["kind"] == "gradient ready")
+    assert first_allreduce < last_ready  # communication starts while the backward is still computing
+    rows = json.loads((tmp_path / "sweep" / "sweep.json").read_text())[0]
+    calls = [r["allreduces_per_step"] for r in rows if not r["gradient_as_bucket_view"]]
+    assert calls == sorted(calls, reverse=True) and calls[-1] == 1.0  # bigger buckets, fewer all-reduces
+    fp16 = json.loads((tmp_path / "fp16" / "fp16.json").read_text())[0]
+    assert fp16["fp16"]["bytes"] * 2 == fp16["fp32"]["bytes"]
+
+
+def test_fixed_port_in_use_message():
+    from dp_helpers.pitfalls import fixed_port_in_use
+
+    assert "EADDRINUSE" in fixed_port_in_use()
