@@ -47,6 +47,7 @@ def timed_hook(state: dict, bucket):
     start, index, size = time.perf_counter() - state["t0"], bucket.index(), bucket.buffer().numel() * 4
 
     def done(fut):
+        """Runs when the all-reduce completes (on the backend's thread)."""
         state["events"].append({"kind": "all-reduce", "name": f"bucket {index}", "start": start,
                                 "end": time.perf_counter() - state["t0"], "bytes": size})
         return fut.value()
@@ -101,6 +102,7 @@ def train_with_hook(info: dph.DistInfo, hook, steps: int) -> tuple[list[float], 
     real_all_reduce = dist.all_reduce
 
     def counting_all_reduce(tensor, *args, **kwargs):
+        """dist.all_reduce, adding the tensor's bytes to the count."""
         sent[0] += tensor.numel() * tensor.element_size()
         return real_all_reduce(tensor, *args, **kwargs)
 
