@@ -56,7 +56,7 @@ def rank0_collective(info: dph.DistInfo, fixed: bool) -> dict:
     return {"metric": metric.item()}
 
 
-class TwoHeads(torch.nn.Module):
+class OneHeadUnused(torch.nn.Module):
     """A model with a head that forward never uses."""
 
     def __init__(self):
@@ -70,7 +70,7 @@ class TwoHeads(torch.nn.Module):
 
 def unused_params(info: dph.DistInfo, fixed: bool) -> dict:
     """DDP waits for a gradient that never comes unless told find_unused_parameters=True."""
-    model = DDP(TwoHeads().to(info.device), find_unused_parameters=fixed)
+    model = DDP(OneHeadUnused().to(info.device), find_unused_parameters=fixed)
     return {"batches": train_batches(model, 3, info)}
 
 
