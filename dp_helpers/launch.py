@@ -415,3 +415,19 @@ def run_ddp(script, *script_args, world_size: int | None = None, backend: str = 
         raise failure(proc.returncode, console.text(), plan.run_dir)
     return RunResult(proc.returncode, plan.run_dir, time.monotonic() - began, console.text(),
                      plan.command, plan.world_size, plan.backend)
+
+
+def run_train(world_size: int, echo: bool = False, **changes) -> tuple[RunResult, dict]:
+    """The training job with some TrainConfig fields changed; returns the run and its final (unwrapped) weights."""
+    import torch
+
+    from .config import TrainConfig
+
+    run = run_ddp("dp_helpers.scripts.train", *TrainConfig(**changes).as_args(), world_size=world_size, echo=echo)
+    return run, torch.load(run.run_dir / "model.pt", map_location="cpu", weights_only=True)
+
+
+def run_json(script: str, name: str, *args, world_size: int = 2, echo: bool = False, **kwargs) -> list:
+    """Run dp_helpers.scripts.<script> and return the per-rank list its rank 0 wrote to <name>.json."""
+    run = run_ddp(f"dp_helpers.scripts.{script}", *args, world_size=world_size, echo=echo, **kwargs)
+    return json.loads((run.run_dir / f"{name}.json").read_text(encoding="utf-8"))

@@ -160,3 +160,13 @@ def test_module_target_runs(tmp_path):
     result = run_ddp("dp_helpers.scripts.train", "--epochs", "1", "--samples", "8", world_size=2,
                      out_dir=tmp_path / "run", timeout=120, echo=False)
     assert result.summary["steps"] == 1 and len(result.metrics) == 2
+
+
+def test_run_train_and_run_json(tmp_path, monkeypatch):
+    from dp_helpers.launch import run_json, run_train
+
+    monkeypatch.chdir(tmp_path)
+    run, weights = run_train(2, epochs=1, samples=8)
+    assert run.summary["steps"] == 1 and set(weights) == {"fc.weight", "fc.bias"}
+    table = run_json("collectives_demo", "collectives", world_size=2)
+    assert len(table) == 2 and "all_gather" in table[1]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dp_helpers.config import TrainConfig
-from dp_helpers.launch import DistributedRunError, run_ddp
+from dp_helpers.launch import DistributedRunError, run_ddp, run_json
 from dp_helpers.reference import train_reference
 
 pytestmark = pytest.mark.slow
@@ -22,9 +22,8 @@ def train(out, world_size, **changes):
 
 def case(tmp_path, name, world_size=2, timeout_env="5"):
     """One pitfall_runs case; returns rank 0's JSON."""
-    run = run_ddp("dp_helpers.scripts.pitfall_runs", "--case", name, world_size=world_size, out_dir=tmp_path / name,
-                  env={"DP_PG_TIMEOUT": timeout_env}, timeout=120, echo=False)
-    return json.loads((run.run_dir / f"{name}.json").read_text())[0]
+    return run_json("pitfall_runs", name, "--case", name, world_size=world_size, out_dir=tmp_path / name,
+                    env={"DP_PG_TIMEOUT": timeout_env}, timeout=120)[0]
 
 
 def test_no_sync_accumulation_equals_the_large_batch_and_saves_all_reduces(tmp_path):
