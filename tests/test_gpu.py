@@ -24,3 +24,13 @@ def test_nccl_training_matches_the_reference(tmp_path):
     reference = train_reference(cfg, world_size=world_size)
     # GPU kernels reduce in another order than the CPU reference: a looser tolerance
     torch.testing.assert_close(weights, reference.state_dict, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(N_GPUS < 2, reason=f"SyncBatchNorm across ranks needs >= 2 GPUs; found {N_GPUS}")
+def test_syncbn_matches_the_reference(tmp_path):
+    cfg = TrainConfig(model="bn", bn_sync="syncbn", epochs=3, lr=0.5)
+    result = run_ddp("dp_helpers.scripts.train", *cfg.as_args(), world_size=2, backend="nccl",
+                     out_dir=tmp_path / "run", timeout=300, echo=False)
+    weights = torch.load(result.run_dir / "model.pt", map_location="cpu", weights_only=True)
+    reference = train_reference(TrainConfig(model="bn", epochs=3, lr=0.5), world_size=2)
+    torch.testing.assert_close(weights, reference.state_dict, rtol=1e-4, atol=1e-5)
