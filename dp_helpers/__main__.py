@@ -23,6 +23,13 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--out", default=None, help="run folder (default: a new one under runs/)")
     train.add_argument("--timeout", type=float, default=600.0, help="seconds before the run is stopped")
     sub.add_parser("doctor", help="what this machine can do and what train would pick")
+    bench = sub.add_parser("bench", help="throughput, speed-up and all-reduce bandwidth, measured side by side")
+    bench.add_argument("--quick", action="store_true", help="fewer steps and sizes: about a minute on 2 CPU cores")
+    bench.add_argument("--world-sizes", type=int, nargs="+", default=None,
+                       help="default: 1 up to one process per core (CPU) or per GPU")
+    bench.add_argument("--backend", choices=BACKENDS, default="auto", help="process-group backend")
+    bench.add_argument("--out", default="benchmarks/results", help="folder for bench.json and the figures")
+    bench.add_argument("--no-overhead", action="store_true", help="skip timing train against bare torchrun")
     return parser
 
 
@@ -31,6 +38,23 @@ def cmd_doctor(_args: argparse.Namespace) -> int:
     from .env import format_report, report
 
     print(format_report(report()))
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Run the benchmark and print its headline ratios."""
+    from .bench import BenchConfig, quick, run_bench
+    from .env import choose_launch, cpu_cores, gpu_count, nccl_available
+
+    backend, auto_world, _ = choose_launch(gpu_count(), nccl_available())
+    capacity = auto_world if backend == "nccl" else cpu_cores()
+    cfg = BenchConfig(world_sizes=args.world_sizes or list(range(1, max(capacity, 2) + 1)),
+                      overhead_check=not args.no_overhead)
+    result = run_bench(quick(cfg) if args.quick else cfg, Path(args.out), args.backend)
+    for w, s in result["speedup"].items():
+        print(f"N={w}: speed-up {s:.2f} (ceiling {result['ceiling_speedup'][w]:.2f}), "
+              f"{100 * result['efficiency_vs_ceiling'][w]:.0f}% of the ceiling")
+    print(f"results: {Path(args.out) / 'bench.json'}")
     return 0
 
 
@@ -61,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     try:
-        return {"train": cmd_train, "doctor": cmd_doctor}[args.command](args)
+        return {"train": cmd_train, "doctor": cmd_doctor, "bench": cmd_bench}[args.command](args)
     except (ValueError, TypeError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

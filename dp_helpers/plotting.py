@@ -228,3 +228,49 @@ def plot_bucket_sweep(rows: list[dict], ax=None):
     right.set_ylim(bottom=0)
     right.legend(fontsize="small", loc="upper right")
     return ax
+
+
+def _int_keys(d: dict) -> dict[int, float]:
+    return {int(k): v for k, v in d.items()}
+
+
+def plot_speedup(result: dict, ax=None):
+    """Measured DDP speed-up against world size, with the ideal line and the independent-processes ceiling."""
+    ax = _get_ax(ax)
+    ddp, ceiling = _int_keys(result["speedup"]), _int_keys(result["ceiling_speedup"])
+    ws = [1, *sorted(ddp)]
+    ax.plot(ws, ws, "k:", label="ideal: S(N) = N")
+    ax.plot(ws, [1.0] + [ceiling[w] for w in ws[1:]], "s--", label="ceiling: N independent processes")
+    ax.plot(ws, [1.0] + [ddp[w] for w in ws[1:]], "o-", label="DDP")
+    ax.set(xlabel="world size N", ylabel="speed-up T(N) / T(1)", xticks=ws,
+           title=f"per-process batch {result['config']['default_batch']}")
+    ax.legend(fontsize="small")
+    return ax
+
+
+def plot_bandwidth(result: dict, ax=None):
+    """Bus bandwidth of dist.all_reduce and of our ring_all_reduce against message size."""
+    ax = _get_ax(ax)
+    rows = result["allreduce"]
+    if not rows:
+        raise ValueError("no all-reduce measurements: the benchmark ran with world size 1.")
+    mib = [r["bytes"] / 2**20 for r in rows]
+    ax.plot(mib, [r["busbw_all_reduce_GBps"] for r in rows], "o-", label="dist.all_reduce")
+    ax.plot(mib, [r["busbw_ring_GBps"] for r in rows], "s--", label="ring_all_reduce (ours)")
+    ax.set(xscale="log", xlabel="message size (MiB)", ylabel="bus bandwidth (GB/s)",
+           title=f"all-reduce on {rows[0]['world_size']} ranks")
+    ax.legend(fontsize="small")
+    return ax
+
+
+def plot_efficiency_vs_batch(result: dict, ax=None):
+    """DDP throughput as a fraction of the ceiling against the per-process batch size."""
+    ax = _get_ax(ax)
+    rows = result["batch_sweep"]
+    for key in (k for k in rows[0] if k.startswith("efficiency_vs_ceiling_")):
+        ax.plot([r["batch"] for r in rows], [r[key] for r in rows], "o-", label=f"DDP, N = {key.rsplit('_', 1)[1]}")
+    ax.axhline(1.0, color="gray", linestyle=":")
+    ax.set(xscale="log", xlabel="per-process batch", ylabel="DDP / ceiling", ylim=(0, 1.1),
+           title="more compute per step hides the all-reduce")
+    ax.legend(fontsize="small")
+    return ax
