@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
+import threading
 from pathlib import Path
 
-from .config import add_train_flags, config_from_args, validate
-from .data import shard_plan
+from .config import add_train_flags, config_from_args, shard_plan, validate
 from .env import BACKENDS
 
 
@@ -61,8 +62,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     """Validate, launch the DDP job with a progress bar, draw loss.png, print where everything is."""
     from .launch import plan_world_size, run_ddp
-    from .plotting import save_loss_figure
 
+    # import matplotlib while the workers start, not after they finish: loss.png is then ready sooner
+    plotting = threading.Thread(target=importlib.import_module, args=("dp_helpers.plotting",), daemon=True)
+    plotting.start()
     cfg = config_from_args(args)
     world_size = plan_world_size(args.world_size, args.backend)
     validate(cfg, world_size)
@@ -70,6 +73,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     result = run_ddp("dp_helpers.scripts.train", *cfg.as_args(), world_size=world_size,
                      backend=args.backend, out_dir=args.out, timeout=args.timeout,
                      progress=plan.steps_per_epoch * cfg.epochs)
+    plotting.join()
+    from .plotting import save_loss_figure
+
     save_loss_figure(result.run_dir, Path(result.run_dir) / "loss.png")
     summary = result.summary
     print(f"final loss {summary['final_loss']:.6f} after {summary['steps']} steps on "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,15 +33,16 @@ class BenchConfig:
     hidden: int = 1024
     depth: int = 4
     sizes_mib: list[float] = field(default_factory=lambda: [0.0625, 0.25, 1.0, 4.0, 16.0])
-    repeats: int = 5
+    repeats: int = 20
     overhead_check: bool = True
+    overhead_repeats: int = 3
 
 
 def quick(cfg: BenchConfig) -> BenchConfig:
     """The --quick variant of a config."""
     return BenchConfig(cfg.world_sizes, batches=[64, 1024], default_batch=1024, steps=4, warmup=1, dim=cfg.dim,
-                       hidden=cfg.hidden, depth=cfg.depth, sizes_mib=[0.0625, 1.0, 16.0], repeats=3,
-                       overhead_check=cfg.overhead_check)
+                       hidden=cfg.hidden, depth=cfg.depth, sizes_mib=[0.0625, 1.0, 16.0], repeats=10,
+                       overhead_check=cfg.overhead_check, overhead_repeats=1)
 
 
 def worker(world_size: int, *args, out: Path, backend: str) -> list:
@@ -96,13 +98,16 @@ def wall(cmd: list[str]) -> float:
     return time.perf_counter() - start
 
 
-def overhead(tmp: Path) -> dict:
-    """`python -m dp_helpers train` against bare torchrun running the same training (the seed's loop, fixed)."""
-    ours = wall([sys.executable, "-m", "dp_helpers", "train", "--world-size", "2", "--backend", "gloo",
-                 "--out", str(tmp / "overhead")])
-    bare = wall([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                 "-m", "dp_helpers.scripts.seed_torchrun"])
-    return {"dp_helpers_train_s": ours, "bare_torchrun_s": bare, "ratio": ours / bare}
+def overhead(tmp: Path, repeats: int = 1) -> dict:
+    """`python -m dp_helpers train` against bare torchrun running the same training (the seed's loop, fixed); medians."""
+    ours, bare = [], []
+    for i in range(repeats):  # alternate the two, so a noisy moment hits both
+        ours.append(wall([sys.executable, "-m", "dp_helpers", "train", "--world-size", "2", "--backend", "gloo",
+                          "--out", str(tmp / f"overhead{i}")]))
+        bare.append(wall([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          "-m", "dp_helpers.scripts.seed_torchrun"]))
+    ours_s, bare_s = statistics.median(ours), statistics.median(bare)
+    return {"dp_helpers_train_s": ours_s, "bare_torchrun_s": bare_s, "ratio": ours_s / bare_s, "repeats": repeats}
 
 
 def derived(tp: dict, default_batch: int) -> dict:
@@ -136,7 +141,7 @@ def run_bench(cfg: BenchConfig, out_dir: Path, backend: str = "auto") -> dict:
         tp = throughputs(cfg, Path(tmp), backend, lambda: bar.update(1))
         ar = allreduce_rows(cfg, Path(tmp), backend)
         bar.update(1)
-        over = overhead(Path(tmp)) if cfg.overhead_check else None
+        over = overhead(Path(tmp), cfg.overhead_repeats) if cfg.overhead_check else None
         bar.update(1 if cfg.overhead_check else 0)
     bar.close()
     result = {"config": asdict(cfg), "machine": machine(), "throughput": tp, **derived(tp, cfg.default_batch),

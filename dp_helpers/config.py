@@ -1,4 +1,4 @@
-"""The training job's explicit configuration: flags -> dataclass -> one-sentence validation (taught in notebook 03)."""
+"""The training job's explicit configuration and the sampler arithmetic, torch-free so the CLI starts fast (notebooks 01, 03)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, fields
 
-from .models import MODELS
-
+MODELS = ("linear", "mlp", "bn")
 SYNCS = ("ddp", "manual")
 BN_SYNCS = ("none", "allreduce", "syncbn")
 
@@ -124,3 +123,41 @@ def worker_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", default=os.environ.get("DP_RUN_DIR", "runs/train"),
                         help="run folder (default: $DP_RUN_DIR set by the launcher)")
     return parser
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """How many samples each rank sees per epoch, the padding, and the batch sizes that follow."""
+
+    samples: int
+    world_size: int
+    batch_size: int
+    per_rank: int
+    padded: int
+    steps_per_epoch: int
+    last_batch: int
+
+    @property
+    def equivalent_to_large_batch(self) -> bool:
+        """True when W ranks x batch B see exactly the batches one process with batch W*B sees: no padding."""
+        return self.padded == 0
+
+    def explain(self) -> str:
+        """One sentence on whether this run matches one process with the global batch, and why."""
+        w, b = self.world_size, self.batch_size
+        if self.padded:
+            return (f"not identical to one process with batch {w * b}: {self.samples} samples do not split "
+                    f"evenly over {w} ranks, so the sampler repeats {self.padded} sample(s) every epoch "
+                    f"and the last global batch ({w}x{self.last_batch}) counts them twice.")
+        if self.last_batch != b:
+            return (f"identical to one process with batch {w * b}: each rank's last batch is short "
+                    f"({self.last_batch} samples), and one process ends on the same {w * self.last_batch} samples.")
+        return f"identical to one process with batch {w * b}: {self.samples} samples split into whole global batches."
+
+
+def shard_plan(samples: int, world_size: int, batch_size: int) -> ShardPlan:
+    """The DistributedSampler arithmetic (drop_last=False) for one epoch."""
+    per_rank = math.ceil(samples / world_size)
+    steps = math.ceil(per_rank / batch_size)
+    last = per_rank - (steps - 1) * batch_size
+    return ShardPlan(samples, world_size, batch_size, per_rank, per_rank * world_size - samples, steps, last)

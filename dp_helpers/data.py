@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import torch
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
+
+from .config import ShardPlan, shard_plan  # noqa: F401 - the sampler arithmetic, torch-free in config
 
 
 class SimpleDataset(Dataset):
@@ -40,44 +39,6 @@ def make_loader(dataset: Dataset, batch_size: int, rank: int, world_size: int, s
     sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True,
                                  seed=seed, drop_last=drop_last)
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler), sampler
-
-
-@dataclass(frozen=True)
-class ShardPlan:
-    """How many samples each rank sees per epoch, the padding, and the batch sizes that follow."""
-
-    samples: int
-    world_size: int
-    batch_size: int
-    per_rank: int
-    padded: int
-    steps_per_epoch: int
-    last_batch: int
-
-    @property
-    def equivalent_to_large_batch(self) -> bool:
-        """True when W ranks x batch B see exactly the batches one process with batch W*B sees: no padding."""
-        return self.padded == 0
-
-    def explain(self) -> str:
-        """One sentence on whether this run matches one process with the global batch, and why."""
-        w, b = self.world_size, self.batch_size
-        if self.padded:
-            return (f"not identical to one process with batch {w * b}: {self.samples} samples do not split "
-                    f"evenly over {w} ranks, so the sampler repeats {self.padded} sample(s) every epoch "
-                    f"and the last global batch ({w}x{self.last_batch}) counts them twice.")
-        if self.last_batch != b:
-            return (f"identical to one process with batch {w * b}: each rank's last batch is short "
-                    f"({self.last_batch} samples), and one process ends on the same {w * self.last_batch} samples.")
-        return f"identical to one process with batch {w * b}: {self.samples} samples split into whole global batches."
-
-
-def shard_plan(samples: int, world_size: int, batch_size: int) -> ShardPlan:
-    """The DistributedSampler arithmetic (drop_last=False) for one epoch."""
-    per_rank = math.ceil(samples / world_size)
-    steps = math.ceil(per_rank / batch_size)
-    last = per_rank - (steps - 1) * batch_size
-    return ShardPlan(samples, world_size, batch_size, per_rank, per_rank * world_size - samples, steps, last)
 
 
 def chunk_sizes(rows: int, n_devices: int) -> list[int]:

@@ -42,6 +42,8 @@ def cpu_cores() -> int:
 
 def gpu_count() -> int:
     """Number of visible CUDA GPUs; 0 on CPU builds (does not initialise CUDA)."""
+    if "torch" not in sys.modules and not (shutil.which("nvidia-smi") or os.path.exists("/dev/nvidiactl")):
+        return 0  # no NVIDIA driver: answer without importing torch, so the CLI starts fast
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -71,7 +73,9 @@ def detect_platform() -> str:
 
 
 def nccl_available() -> bool:
-    """Whether this torch build ships the NCCL backend."""
+    """Whether this torch build ships the NCCL backend (False without GPUs, where it cannot run anyway)."""
+    if gpu_count() == 0:
+        return False
     import torch.distributed as dist
 
     return dist.is_available() and dist.is_nccl_available()

@@ -175,7 +175,7 @@ def torchrun_command(target: list[str], script_args, run_dir: Path, world_size: 
     return [sys.executable, "-m", "torch.distributed.run", *rdzv,
             "--nproc-per-node", str(world_size // nnodes), "--max-restarts", "0",
             "--tee", "3", "--log-dir", str(run_dir / "logs"), "--shutdown-timeout", str(int(GRACE_S)),
-            "--monitor-interval", "0.2", *target, *map(str, script_args)]
+            "--monitor-interval", "0.1", *target, *map(str, script_args)]
 
 
 def plan_world_size(world_size: int | None, backend: str) -> int:

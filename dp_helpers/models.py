@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-MODELS = ("linear", "mlp", "bn")
+from .config import MODELS
 
 
 class SimpleModel(nn.Module):
