@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--world-sizes", type=int, nargs="+", default=None,
                        help="default: 1 up to one process per core (CPU) or per GPU")
     bench.add_argument("--backend", choices=BACKENDS, default="auto", help="process-group backend")
-    bench.add_argument("--out", default="benchmarks/results", help="folder for bench.json and the figures")
+    bench.add_argument("--out", default="runs/bench", help="folder for bench.json and the figures")
     bench.add_argument("--no-overhead", action="store_true", help="skip timing train against bare torchrun")
     return parser
 
