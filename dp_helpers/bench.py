@@ -146,7 +146,9 @@ def run_bench(cfg: BenchConfig, out_dir: Path, backend: str = "auto") -> dict:
     bar.close()
     result = {"config": asdict(cfg), "machine": machine(), "throughput": tp, **derived(tp, cfg.default_batch),
               "allreduce": ar, "train_overhead": over}
-    (out_dir / "bench.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
+    text = json.dumps(result, indent=2)
+    (out_dir / "bench.json").write_text(text, encoding="utf-8")
+    result = json.loads(text)  # the same object as the file: integer keys become strings in both
     save_figures(result, out_dir)
     return result
 

@@ -149,12 +149,13 @@ def prepare_run_dir(out_dir, script_name: str) -> Path:
     return run_dir
 
 
-def child_env(run_dir: Path, world_size: int, backend: str, nnodes: int, extra) -> dict[str, str]:
+def child_env(run_dir: Path, world_size: int, backend: str, nnodes: int, extra,
+              local_rdzv: bool = True) -> dict[str, str]:
     """The workers' environment: rank-prefixed lines, one thread per rank share of cores, gloo on loopback."""
     env = dict(os.environ)
     local_world = world_size // nnodes
     env.setdefault("OMP_NUM_THREADS", str(max(1, cpu_cores() // local_world)))
-    if backend == "gloo" and nnodes == 1 and sys.platform.startswith("linux"):
+    if backend == "gloo" and local_rdzv and sys.platform.startswith("linux"):
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # the hostname's interface is flaky on CI runners
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_ROOT), env.get("PYTHONPATH")) if p)
     env.update(PYTHONUNBUFFERED="1", MPLBACKEND="Agg", DP_BACKEND=backend, DP_NNODES=str(nnodes),
@@ -199,7 +200,8 @@ def plan_launch(script, script_args, world_size, backend, out_dir, timeout, nnod
     name = target[-1].rsplit(".", 1)[-1] if target[0] == "-m" else Path(target[0]).stem
     run_dir = prepare_run_dir(out_dir, name)
     command = torchrun_command(target, script_args, run_dir, world_size, nnodes, node_rank, rdzv_endpoint)
-    return LaunchPlan(command, child_env(run_dir, world_size, backend, nnodes, env), run_dir,
+    local = nnodes == 1 or str(rdzv_endpoint).rsplit(":", 1)[0] in ("127.0.0.1", "localhost")
+    return LaunchPlan(command, child_env(run_dir, world_size, backend, nnodes, env, local), run_dir,
                       world_size, backend, float(timeout), progress)
 
 
@@ -431,3 +433,43 @@ def run_json(script: str, name: str, *args, world_size: int = 2, echo: bool = Fa
     """Run dp_helpers.scripts.<script> and return the per-rank list its rank 0 wrote to <name>.json."""
     run = run_ddp(f"dp_helpers.scripts.{script}", *args, world_size=world_size, echo=echo, **kwargs)
     return json.loads((run.run_dir / f"{name}.json").read_text(encoding="utf-8"))
+
+
+def free_local_port() -> int:
+    """A port free on 127.0.0.1 right now (node 0's rendezvous store binds it a moment later)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_local_nodes(script, *script_args, nnodes: int = 2, world_size: int = 4, out_dir=None,
+                    timeout: float = 600) -> RunResult:
+    """Several torchrun "nodes" on this machine, meeting at a c10d rendezvous on 127.0.0.1; returns node 0's run."""
+    run_dir = prepare_run_dir(out_dir, "nodes")
+    endpoint = f"127.0.0.1:{free_local_port()}"
+    others = [subprocess.Popen([sys.executable, "-c", "import sys; from dp_helpers.launch import _node; _node(sys.argv[1:])",
+                                str(script), str(world_size), str(nnodes), str(rank), endpoint, str(run_dir / f"node{rank}"),
+                                str(timeout), *map(str, script_args)], stdin=subprocess.DEVNULL)
+              for rank in range(1, nnodes)]
+    try:
+        result = run_ddp(script, *script_args, world_size=world_size, nnodes=nnodes, node_rank=0, rdzv_endpoint=endpoint,
+                         out_dir=run_dir / "node0", timeout=timeout)
+        codes = [p.wait(timeout=timeout) for p in others]
+    finally:
+        for p in others:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    if any(codes):
+        raise DistributedRunError(f"node(s) {[i + 1 for i, c in enumerate(codes) if c]} failed; see {run_dir}.",
+                                  run_dir=run_dir)
+    return result
+
+
+def _node(argv: list[str]) -> None:
+    """Entry point of one extra local node started by run_local_nodes."""
+    script, world, nnodes, rank, endpoint, out, timeout, *args = argv
+    run_ddp(script, *args, world_size=int(world), nnodes=int(nnodes), node_rank=int(rank), rdzv_endpoint=endpoint,
+            out_dir=out, timeout=float(timeout), echo=False)

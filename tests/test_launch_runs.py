@@ -170,3 +170,18 @@ def test_run_train_and_run_json(tmp_path, monkeypatch):
     assert run.summary["steps"] == 1 and set(weights) == {"fc.weight", "fc.bias"}
     table = run_json("collectives_demo", "collectives", world_size=2)
     assert len(table) == 2 and "all_gather" in table[1]
+
+
+def test_two_local_nodes_equal_one_node(tmp_path, monkeypatch):
+    import torch
+
+    from dp_helpers.config import TrainConfig
+    from dp_helpers.launch import run_local_nodes, run_train
+
+    monkeypatch.chdir(tmp_path)
+    args = TrainConfig(epochs=2, batch_size=5).as_args()
+    two = run_local_nodes("dp_helpers.scripts.train", *args, nnodes=2, world_size=4, out_dir=tmp_path / "nodes")
+    _, one = run_train(4, epochs=2, batch_size=5)
+    torch.testing.assert_close(torch.load(two.run_dir / "model.pt", weights_only=True), one)
+    assert sorted(p.name for p in (tmp_path / "nodes").glob("node*/metrics/*.jsonl")) == [
+        "rank0.jsonl", "rank1.jsonl", "rank2.jsonl", "rank3.jsonl"]
