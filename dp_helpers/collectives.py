@@ -64,13 +64,14 @@ def _neighbours(group) -> tuple[int, int, int, int]:
 
 
 def _exchange(send: torch.Tensor, recv: torch.Tensor, right: int, left: int, group) -> int:
-    """Send to the right while receiving from the left (no deadlock); returns the bytes sent."""
-    # both ends of a link compute the same chunk sizes, so an empty chunk is skipped on both sides
-    request = dist.isend(send.contiguous(), right, group=group) if send.numel() else None
-    if recv.numel():
-        dist.recv(recv, left, group=group)
-    if request is not None:
-        request.wait()
+    """Receive from the left while sending to the right (no deadlock); returns the bytes sent."""
+    # both ends of a link compute the same chunk sizes, so an empty chunk is skipped on both sides;
+    # posting the receive first lets the incoming data land straight in `recv`
+    incoming = dist.irecv(recv, left, group=group) if recv.numel() else None
+    outgoing = dist.isend(send, right, group=group) if send.numel() else None
+    for request in (incoming, outgoing):
+        if request is not None:
+            request.wait()
     return send.numel() * send.element_size()
 
 
@@ -79,17 +80,20 @@ def ring_all_reduce(tensor: torch.Tensor, group=None) -> int:
     rank, world, right, left = _neighbours(group)
     if world == 1:
         return 0
-    flat = tensor.detach().reshape(-1).clone()  # work on a contiguous copy; write back at the end
+    # work in the tensor's own memory when it is contiguous, else on a copy written back at the end
+    flat = tensor.detach().view(-1) if tensor.is_contiguous() else tensor.detach().reshape(-1).clone()
     chunks, sent = list(flat.tensor_split(world)), 0
+    scratch = torch.empty(max(len(c) for c in chunks), dtype=flat.dtype, device=flat.device)
     for st in (s for s in ring_schedule(world) if s.rank == rank):
-        incoming = torch.empty_like(chunks[st.recv])
-        sent += _exchange(chunks[st.send], incoming, right, left, group)
-        if st.phase == "reduce-scatter":
+        if st.phase == "reduce-scatter":  # receive into scratch, then add
+            incoming = scratch[:len(chunks[st.recv])]
+            sent += _exchange(chunks[st.send], incoming, right, left, group)
             chunks[st.recv].add_(incoming)
-        else:
-            chunks[st.recv].copy_(incoming)
-    with torch.no_grad():
-        tensor.copy_(flat.view_as(tensor))
+        else:  # the finished chunk arrives straight where it belongs
+            sent += _exchange(chunks[st.send], chunks[st.recv], right, left, group)
+    if not tensor.is_contiguous():
+        with torch.no_grad():
+            tensor.copy_(flat.view_as(tensor))
     return sent
 
 

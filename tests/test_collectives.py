@@ -128,3 +128,25 @@ def test_spawn_from_a_kernel_cannot_find_the_function():
 
     text = spawn_in_a_kernel()
     assert "Can't get attribute 'work' on <module '__main__'" in text and "ProcessExitedException" in text
+
+
+def test_ring_on_a_non_contiguous_tensor(write_script, tmp_path):
+    script = write_script("""
+        import torch
+        import torch.distributed as dist
+        from dp_helpers import dist as dph
+        from dp_helpers.collectives import ring_all_reduce
+
+        info = dph.setup()
+        try:
+            base = torch.arange(12.0).reshape(3, 4) * (info.rank + 1)
+            x, expected = base.t(), base.t().clone()  # a transposed view: not contiguous
+            dist.all_reduce(expected)
+            ring_all_reduce(x)
+            assert not x.is_contiguous() and torch.equal(x, expected) and torch.equal(base.t(), expected)
+            print("ok", flush=True)
+        finally:
+            dph.teardown()
+        """)
+    result = run_ddp(script, world_size=3, out_dir=tmp_path / "run", timeout=120, echo=False)
+    assert result.log.count("] ok") == 3
