@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--world-sizes", type=int, nargs="+", default=None,
                        help="default: 1 up to one process per core (CPU) or per GPU")
     bench.add_argument("--backend", choices=BACKENDS, default="auto", help="process-group backend")
-    bench.add_argument("--out", default="runs/bench", help="folder for bench.json and the figures")
+    bench.add_argument("--out", default=None, help="folder for bench.json and the figures (default: new, under runs/)")
     bench.add_argument("--no-overhead", action="store_true", help="skip timing train against bare torchrun")
     return parser
 
@@ -51,11 +51,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     capacity = auto_world if backend == "nccl" else cpu_cores()
     cfg = BenchConfig(world_sizes=args.world_sizes or list(range(1, max(capacity, 2) + 1)),
                       overhead_check=not args.no_overhead)
-    result = run_bench(quick(cfg) if args.quick else cfg, Path(args.out), args.backend)
+    result = run_bench(quick(cfg) if args.quick else cfg, args.out, args.backend)
     for w, s in result["speedup"].items():
         print(f"N={w}: speed-up {s:.2f} (ceiling {result['ceiling_speedup'][w]:.2f}), "
               f"{100 * result['efficiency_vs_ceiling'][w]:.0f}% of the ceiling")
-    print(f"results: {Path(args.out) / 'bench.json'}")
+    print(f"results: {Path(result['out_dir']) / 'bench.json'}")
     return 0
 
 

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .env import report
-from .launch import run_ddp
+from .launch import prepare_run_dir, run_ddp
 
 
 @dataclass
@@ -131,11 +131,13 @@ def machine() -> dict:
             "processor": platform.processor() or "unknown"}
 
 
-def run_bench(cfg: BenchConfig, out_dir: Path, backend: str = "auto") -> dict:
-    """Measure everything in one run, write bench.json and the figures into out_dir, return the results."""
+def run_bench(cfg: BenchConfig, out_dir=None, backend: str = "auto") -> dict:
+    """Measure everything in one run, write bench.json and the figures (a new folder under runs/ by default)."""
     from tqdm.auto import tqdm
 
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = prepare_run_dir(out_dir, "bench")
+    if (out_dir / "bench.json").exists():
+        raise ValueError(f"output folder {out_dir} already holds a benchmark; choose a new folder or delete it.")
     bar = tqdm(total=1 + 2 * sum(w > 1 for w in cfg.world_sizes) + 1 + cfg.overhead_check, desc="bench", unit="run")
     with tempfile.TemporaryDirectory() as tmp:
         tp = throughputs(cfg, Path(tmp), backend, lambda: bar.update(1))
@@ -150,7 +152,7 @@ def run_bench(cfg: BenchConfig, out_dir: Path, backend: str = "auto") -> dict:
     (out_dir / "bench.json").write_text(text, encoding="utf-8")
     result = json.loads(text)  # the same object as the file: integer keys become strings in both
     save_figures(result, out_dir)
-    return result
+    return {**result, "out_dir": str(out_dir)}
 
 
 def save_figures(result: dict, out_dir: Path) -> None:

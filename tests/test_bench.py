@@ -41,3 +41,12 @@ def test_bench_quick_writes_the_documented_fields(tmp_path):
     for name in ("speedup", "bandwidth", "efficiency_batch"):
         assert (tmp_path / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
     assert "N=2: speed-up" in proc.stdout
+
+
+def test_an_earlier_benchmark_is_not_overwritten(tmp_path):
+    from dp_helpers.bench import run_bench
+
+    (tmp_path / "bench.json").write_text("{}")
+    with pytest.raises(ValueError, match="already holds a benchmark; choose a new folder"):
+        run_bench(quick(BenchConfig([1, 2])), tmp_path)
+    assert (tmp_path / "bench.json").read_text() == "{}"
