@@ -419,13 +419,15 @@ def run_ddp(script, *script_args, world_size: int | None = None, backend: str = 
                      plan.command, plan.world_size, plan.backend)
 
 
-def run_train(world_size: int, echo: bool = False, **changes) -> tuple[RunResult, dict]:
+def run_train(world_size: int, echo: bool = False, out_dir=None, timeout: float = 600,
+              **changes) -> tuple[RunResult, dict]:
     """The training job with some TrainConfig fields changed; returns the run and its final (unwrapped) weights."""
     import torch
 
     from .config import TrainConfig
 
-    run = run_ddp("dp_helpers.scripts.train", *TrainConfig(**changes).as_args(), world_size=world_size, echo=echo)
+    run = run_ddp("dp_helpers.scripts.train", *TrainConfig(**changes).as_args(), world_size=world_size, echo=echo,
+                  out_dir=out_dir, timeout=timeout)
     return run, torch.load(run.run_dir / "model.pt", map_location="cpu", weights_only=True)
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dp_helpers.config import TrainConfig
-from dp_helpers.launch import DistributedRunError, run_ddp, run_json
+from dp_helpers.launch import DistributedRunError, run_ddp, run_json, run_train
 from dp_helpers.reference import train_reference
 
 pytestmark = pytest.mark.slow
@@ -15,9 +15,7 @@ pytestmark = pytest.mark.slow
 
 def train(out, world_size, **changes):
     """The train worker under run_ddp; returns (RunResult, final weights)."""
-    result = run_ddp("dp_helpers.scripts.train", *TrainConfig(**changes).as_args(), world_size=world_size,
-                     out_dir=out, timeout=300, echo=False)
-    return result, torch.load(result.run_dir / "model.pt", weights_only=True)
+    return run_train(world_size, out_dir=out, timeout=300, **changes)
 
 
 def case(tmp_path, name, world_size=2, timeout_env="5"):

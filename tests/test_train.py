@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dp_helpers.config import TrainConfig
-from dp_helpers.launch import run_ddp
+from dp_helpers.launch import run_train
 from dp_helpers.reference import train_reference
 
 pytestmark = pytest.mark.slow
@@ -16,9 +16,7 @@ pytestmark = pytest.mark.slow
 
 def launch_train(out, world_size, **cfg_changes):
     """Run the train worker under torchrun through run_ddp and return the RunResult."""
-    cfg = TrainConfig(**{**TrainConfig().as_dict(), **cfg_changes})
-    return run_ddp("dp_helpers.scripts.train", *cfg.as_args(), world_size=world_size, out_dir=out,
-                   timeout=300, echo=False)
+    return run_train(world_size, out_dir=out, timeout=300, **cfg_changes)[0]
 
 
 def final_weights(run_dir):
