@@ -368,9 +368,14 @@ def culprit_first(found: list[tuple[int, int, str]]) -> list[tuple[int, int, str
     return sorted(found, key=lambda f: (f[1] <= 0, bool(VICTIM_RE.search(f[2]))))
 
 
+def last_lines(log: str, n: int = 40) -> str:
+    """The last n lines of the captured output, for error messages."""
+    return "\n".join(log.splitlines()[-n:])
+
+
 def failure(rc: int, log: str, run_dir: Path) -> DistributedRunError:
     """Build the error for a failed run: root-cause rank, exit code and exception, then the log tail."""
-    tail = "\n".join(log.splitlines()[-40:])
+    tail = last_lines(log)
     found = [(rank, code, error_message(err_file) or last_exception_line(log, rank))
              for rank, code, err_file in parse_failures(log)]
     if not found:
@@ -403,15 +408,12 @@ def run_ddp(script, *script_args, world_size: int | None = None, backend: str = 
         proc.wait(timeout=GRACE_S * 3)
     except RunTimeoutError as exc:
         stopped = kill_tree(proc, plan)
-        tail = "\n".join(console.text().splitlines()[-40:])
+        tail = last_lines(console.text())
         raise RunTimeoutError(f"{exc} Stopped {stopped} process(es); last output:\n{tail}",
                               log_tail=tail, run_dir=plan.run_dir) from None
-    except BaseException:  # KeyboardInterrupt (the notebook's stop button) included
-        kill_tree(proc, plan)
-        raise
-    finally:
+    finally:  # also on KeyboardInterrupt (the notebook's stop button), which then propagates
         console.close()
-        kill_tree(proc, plan)  # reaps; stops orphans that outlived torchrun
+        kill_tree(proc, plan)  # stops the tree if it still runs, reaps, stops orphans that outlived torchrun
         (plan.run_dir / "console.log").write_text(console.text(), encoding="utf-8")
     if proc.returncode != 0:
         raise failure(proc.returncode, console.text(), plan.run_dir)
