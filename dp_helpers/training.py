@@ -1,4 +1,4 @@
-"""The training step shared by the DDP script and the single-process reference (taught in notebooks 03 and 04)."""
+"""The training step shared by the DDP script and the single-process reference (taught in notebooks 03 and 04; mixed precision in 05)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import contextlib
 
 import torch
 from torch import nn
+
+PRECISIONS = ("fp32", "fp16", "bf16")
 
 
 def make_optimizer(model: nn.Module, lr: float, momentum: float = 0.0) -> torch.optim.Optimizer:
@@ -53,3 +55,51 @@ def loss_gradients(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor
     grads = {name: p.grad.detach().clone() for name, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
     return grads
+
+
+def precision_problem(device: torch.device, precision: str) -> str | None:
+    """Why `precision` cannot run on `device` (one sentence), or None when it can."""
+    if precision not in PRECISIONS:
+        return f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}."
+    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
+        return f"{torch.cuda.get_device_name(device)} has no native bfloat16 (compute capability < 8.0)."
+    return None
+
+
+def autocast(device: torch.device, precision: str):
+    """The autocast region for fp16/bf16 (a no-op for fp32): matmuls run in the low precision, reductions in fp32."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.float16 if precision == "fp16" else torch.bfloat16)
+
+
+def grad_scaler(device: torch.device, precision: str) -> torch.amp.GradScaler:
+    """A GradScaler, enabled for fp16 only: fp16 gradients underflow without it, bf16 has fp32's range."""
+    return torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+
+
+def mixed_precision_step(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
+                         optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+                         precision: str) -> torch.Tensor:
+    """train_step under autocast with loss scaling; fp32 with a disabled scaler is exactly train_step."""
+    optimizer.zero_grad(set_to_none=True)
+    with autocast(inputs.device, precision):
+        outputs = model(inputs)
+    # binary_cross_entropy is unsafe in fp16 (autocast refuses it on GPUs): compute it in fp32, outside
+    loss = nn.functional.binary_cross_entropy(outputs.float(), targets.unsqueeze(1))
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)  # unscales first; skips the step if a gradient is inf/nan
+    scaler.update()
+    return loss.detach()
+
+
+def train_steps(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, steps: int, lr: float,
+                precision: str | None = None) -> nn.Module:
+    """`steps` full-batch SGD steps: train_step when precision is None, else mixed_precision_step (notebook 05)."""
+    optimizer, scaler = make_optimizer(model, lr), grad_scaler(inputs.device, precision or "fp32")
+    for _ in range(steps):
+        if precision is None:
+            train_step(model, inputs, targets, optimizer)
+        else:
+            mixed_precision_step(model, inputs, targets, optimizer, scaler, precision)
+    return model
