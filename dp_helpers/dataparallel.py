@@ -181,6 +181,20 @@ def data_parallel(module: nn.Module, inputs, devices, output_device=None, dim: i
     return gather(outputs, output_device, dim)
 
 
+class DataParallelModule(nn.Module):
+    """nn.DataParallel's interface over data_parallel, so emulated CPU devices can train like real ones (bench)."""
+
+    def __init__(self, module: nn.Module, devices):
+        super().__init__()
+        if not devices:
+            raise ValueError("DataParallelModule needs at least one device.")
+        self.module, self.devices = module, list(devices)
+
+    def forward(self, *inputs, **kwargs):
+        """Scatter, replicate, apply, gather: one call of data_parallel."""
+        return data_parallel(self.module, inputs, self.devices, **kwargs)
+
+
 class LossInForward(nn.Module):
     """Wraps a sigmoid model so each replica returns its shard's summed BCE loss: only scalars reach device 0."""
 

@@ -163,3 +163,17 @@ def test_loss_in_forward_keeps_the_gradient_and_sends_scalars(model):
     assert sums.shape == (8,)  # one scalar per replica travels to device 0
     (sums.sum() / len(x)).backward()
     torch.testing.assert_close({k: p.grad for k, p in model.named_parameters()}, expected)
+
+
+def test_the_module_wrapper_trains_like_one_device():
+    x, y = torch.randn(24, 6), torch.rand(24)
+    single, wrapped = build_model("mlp", 6, seed=2), dp.DataParallelModule(build_model("mlp", 6, seed=2), dp.cpu_devices(3))
+    for model in (single, wrapped):
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        for _ in range(3):
+            opt.zero_grad()
+            nn.functional.binary_cross_entropy(model(x), y.unsqueeze(1)).backward()
+            opt.step()
+    torch.testing.assert_close(wrapped.module.state_dict(), single.state_dict())
+    with pytest.raises(ValueError, match="at least one device"):
+        dp.DataParallelModule(single, [])
