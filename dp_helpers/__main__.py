@@ -59,12 +59,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def prefetch(*modules: str) -> None:
+    """Import modules now (in a thread) so that their later import is free."""
+    for name in modules:
+        importlib.import_module(name)
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     """Validate, launch the DDP job with a progress bar, draw loss.png, print where everything is."""
     from .launch import plan_world_size, run_ddp
 
-    # import matplotlib while the workers start, not after they finish: loss.png is then ready sooner
-    plotting = threading.Thread(target=importlib.import_module, args=("dp_helpers.plotting",), daemon=True)
+    # import matplotlib (plotting imports it lazily) while the workers start, not after they finish
+    plotting = threading.Thread(target=prefetch, args=("matplotlib.figure", "matplotlib.backends.backend_agg"),
+                                daemon=True)
     plotting.start()
     cfg = config_from_args(args)
     world_size = plan_world_size(args.world_size, args.backend)
