@@ -13,10 +13,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from .env import report
+from .env import report, resolve_backend
 from .launch import prepare_run_dir, run_ddp
 
 
@@ -28,21 +28,22 @@ class BenchConfig:
     batches: list[int] = field(default_factory=lambda: [64, 256, 1024])
     default_batch: int = 1024
     steps: int = 10
+    rounds: int = 3
     warmup: int = 2
     dim: int = 512
     hidden: int = 1024
     depth: int = 4
     sizes_mib: list[float] = field(default_factory=lambda: [0.0625, 0.25, 1.0, 4.0, 16.0])
-    repeats: int = 20
+    repeats: int = 50
+    precisions: list[str] = field(default_factory=lambda: ["fp32", "fp16", "bf16"])
     overhead_check: bool = True
-    overhead_repeats: int = 3
+    overhead_repeats: int = 5
 
 
 def quick(cfg: BenchConfig) -> BenchConfig:
     """The --quick variant of a config."""
-    return BenchConfig(cfg.world_sizes, batches=[64, 1024], default_batch=1024, steps=4, warmup=1, dim=cfg.dim,
-                       hidden=cfg.hidden, depth=cfg.depth, sizes_mib=[0.0625, 1.0, 16.0], repeats=10,
-                       overhead_check=cfg.overhead_check, overhead_repeats=1)
+    return replace(cfg, batches=[64, 1024], default_batch=1024, steps=4, rounds=1, warmup=1,
+                   sizes_mib=[0.0625, 1.0, 16.0], repeats=10, overhead_repeats=1)
 
 
 def worker(world_size: int, *args, out: Path, backend: str) -> list:
@@ -52,27 +53,67 @@ def worker(world_size: int, *args, out: Path, backend: str) -> list:
     return json.loads((run.run_dir / "bench.json").read_text())
 
 
-def train_args(cfg: BenchConfig, ddp: bool) -> list:
-    """Worker flags for a throughput measurement."""
-    return ["--mode", "train", "--ddp" if ddp else "--no-ddp", "--batches", *cfg.batches, "--steps", cfg.steps,
-            "--warmup", cfg.warmup, "--dim", cfg.dim, "--hidden", cfg.hidden, "--depth", cfg.depth]
+def train_args(cfg: BenchConfig, mode: str, *extra, batches=None) -> list:
+    """Worker flags for a throughput measurement ("train" with --ddp/--no-ddp, or "dataparallel" --devices N)."""
+    return ["--mode", mode, *extra, "--batches", *(batches or cfg.batches), "--steps", cfg.steps,
+            "--rounds", cfg.rounds, "--warmup", cfg.warmup, "--dim", cfg.dim, "--hidden", cfg.hidden,
+            "--depth", cfg.depth]
 
 
-def total(rows: list[dict]) -> dict[int, float]:
-    """Samples per second summed over ranks, per batch size."""
-    return {int(b): sum(r[b] for r in rows) for b in rows[0]}
+def total(rows: list[dict], name: str) -> dict[int, float]:
+    """Samples per second of one measured model, summed over ranks, per batch size."""
+    return {int(b): sum(r[name][b] for r in rows) for b in rows[0][name]}
 
 
 def throughputs(cfg: BenchConfig, tmp: Path, backend: str, tick) -> dict:
-    """Samples/s of one process, of N independent processes (the ceiling) and of DDP, per batch size."""
-    out = {"single": total(worker(1, *train_args(cfg, False), out=tmp / "single", backend=backend))}
-    tick()
-    out["independent"], out["ddp"] = {}, {}
+    """Samples/s of one process, of N independent processes (the ceiling), of DDP and of DataParallel, per batch."""
+    def measure(name: str, world_size: int, mode: str, *extra) -> list[dict]:
+        """One worker launch; advances the progress bar."""
+        rows = worker(world_size, *train_args(cfg, mode, *extra), out=tmp / name, backend=backend)
+        tick()
+        return rows
+
+    out = {"single": total(measure("single", 1, "train", "--no-ddp"), "independent"),
+           "independent": {}, "ddp": {}, "dataparallel": {}}
     for w in (w for w in cfg.world_sizes if w > 1):
-        out["independent"][w] = total(worker(w, *train_args(cfg, False), out=tmp / f"indep{w}", backend=backend))
+        rows = measure(f"ddp{w}", w, "train", "--ddp")  # the ceiling and DDP, alternating in the same processes
+        out["independent"][w], out["ddp"][w] = total(rows, "independent"), total(rows, "ddp")
+        out["dataparallel"][w] = total(measure(f"dp{w}", 1, "dataparallel", "--devices", w), "dataparallel")
+    return out
+
+
+def dataparallel_kind(backend: str) -> str:
+    """What the DataParallel numbers are: the real module on GPUs, or the CPU emulation (label every figure)."""
+    if backend == "nccl":
+        return "real nn.DataParallel: one process driving N GPUs"
+    return ("CPU emulation (dp_helpers.dataparallel): one process, N threads running the replicas' forward; "
+            "autograd runs the whole backward on one CPU thread, so this is not a prediction for GPUs")
+
+
+def gpu_section(cfg: BenchConfig, tmp: Path, tick) -> dict:
+    """Single-GPU throughput in fp32, fp16 (autocast + GradScaler) and bf16 on nccl, and DDP in each with >= 2 GPUs."""
+    from .env import gpu_count, gpu_device, gpu_names, nccl_available
+    from .training import precision_problem
+
+    n = gpu_count()
+    if n < 1 or not nccl_available():
+        return {"skipped": f"needs a CUDA GPU and NCCL; found {n} GPU(s), nccl={nccl_available()}"}
+    out = {"gpus": list(gpu_names(n)), "batch": cfg.default_batch, "single": {}, "ddp": {}}
+    for p in cfg.precisions:
+        problem = precision_problem(gpu_device(0), p)
+        if problem:
+            out["single"][p] = out["ddp"][p] = {"skipped": problem}
+            continue
+        args = train_args(cfg, "train", "--precision", p, batches=[cfg.default_batch])
+        single = worker(1, *args, "--no-ddp", out=tmp / f"gpu1-{p}", backend="nccl")
+        out["single"][p] = total(single, "independent")[cfg.default_batch]
         tick()
-        out["ddp"][w] = total(worker(w, *train_args(cfg, True), out=tmp / f"ddp{w}", backend=backend))
-        tick()
+        out["ddp"][p] = {"skipped": f"DDP across GPUs needs at least two; found {n}"}
+        if n >= 2:
+            out["ddp"][p] = total(worker(n, *args, "--ddp", out=tmp / f"gpu{n}-{p}", backend="nccl"), "ddp")[cfg.default_batch]
+            tick()
+    out["speedup_over_fp32"] = {p: t / out["single"]["fp32"] for p, t in out["single"].items()
+                                if isinstance(t, float) and isinstance(out["single"].get("fp32"), float)}
     return out
 
 
@@ -88,6 +129,7 @@ def allreduce_rows(cfg: BenchConfig, tmp: Path, backend: str) -> list[dict]:
             r[f"algbw_{key}_GBps"] = r["bytes"] / r[f"{key}_s"] / 1e9
             r[f"busbw_{key}_GBps"] = r[f"algbw_{key}_GBps"] * 2 * (w - 1) / w  # what each link carries
         r["ring_over_all_reduce"], r["world_size"] = r["ring_s"] / r["all_reduce_s"], w
+        r["ring_over_all_reduce_best"] = r["ring_best_s"] / r["all_reduce_best_s"]  # without scheduling noise
     return rows
 
 
@@ -116,11 +158,13 @@ def derived(tp: dict, default_batch: int) -> dict:
     speedup = {w: t[default_batch] / t1 for w, t in tp["ddp"].items()}
     ceiling = {w: t[default_batch] / t1 for w, t in tp["independent"].items()}
     return {"speedup": speedup, "ceiling_speedup": ceiling,
+            "dataparallel_speedup": {w: t[default_batch] / t1 for w, t in tp.get("dataparallel", {}).items()},
             "efficiency": {w: s / w for w, s in speedup.items()},
             "efficiency_vs_ceiling": {w: speedup[w] / ceiling[w] for w in speedup},
             "batch_sweep": [{"batch": b, "single": tp["single"][b],
                              **{f"ddp_{w}": tp["ddp"][w][b] for w in tp["ddp"]},
                              **{f"independent_{w}": tp["independent"][w][b] for w in tp["independent"]},
+                             **{f"dataparallel_{w}": t[b] for w, t in tp.get("dataparallel", {}).items()},
                              **{f"efficiency_vs_ceiling_{w}": tp["ddp"][w][b] / tp["independent"][w][b]
                                 for w in tp["ddp"]}} for b in sorted(tp["single"])]}
 
@@ -135,19 +179,27 @@ def run_bench(cfg: BenchConfig, out_dir=None, backend: str = "auto") -> dict:
     """Measure everything in one run, write bench.json and the figures (a new folder under runs/ by default)."""
     from tqdm.auto import tqdm
 
+    from .env import gpu_count
+
     out_dir = prepare_run_dir(out_dir, "bench")
     if (out_dir / "bench.json").exists():
         raise ValueError(f"output folder {out_dir} already holds a benchmark; choose a new folder or delete it.")
-    bar = tqdm(total=1 + 2 * sum(w > 1 for w in cfg.world_sizes) + 1 + cfg.overhead_check, desc="bench", unit="run")
+    backend = resolve_backend(backend, max(cfg.world_sizes))  # one backend for every world size, DataParallel's too
+    gpus = gpu_count()
+    runs = (1 + 2 * sum(w > 1 for w in cfg.world_sizes) + 1 + cfg.overhead_check
+            + len(cfg.precisions) * ((gpus > 0) + (gpus > 1)))
+    bar = tqdm(total=runs, desc="bench", unit="run")
     with tempfile.TemporaryDirectory() as tmp:
         tp = throughputs(cfg, Path(tmp), backend, lambda: bar.update(1))
         ar = allreduce_rows(cfg, Path(tmp), backend)
         bar.update(1)
+        gpu = gpu_section(cfg, Path(tmp), lambda: bar.update(1))
         over = overhead(Path(tmp), cfg.overhead_repeats) if cfg.overhead_check else None
         bar.update(1 if cfg.overhead_check else 0)
     bar.close()
-    result = {"config": asdict(cfg), "machine": machine(), "throughput": tp, **derived(tp, cfg.default_batch),
-              "allreduce": ar, "train_overhead": over}
+    result = {"config": asdict(cfg), "machine": machine(), "backend": backend, "throughput": tp,
+              "dataparallel_kind": dataparallel_kind(backend), **derived(tp, cfg.default_batch),
+              "allreduce": ar, "gpu": gpu, "train_overhead": over}
     text = json.dumps(result, indent=2)
     (out_dir / "bench.json").write_text(text, encoding="utf-8")
     result = json.loads(text)  # the same object as the file: integer keys become strings in both

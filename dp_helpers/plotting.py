@@ -235,13 +235,18 @@ def _int_keys(d: dict) -> dict[int, float]:
 
 
 def plot_speedup(result: dict, ax=None):
-    """Measured DDP speed-up against world size, with the ideal line and the independent-processes ceiling."""
+    """Measured DDP (and DataParallel) speed-up against world size, with the ideal line and the independent-processes ceiling."""
     ax = _get_ax(ax)
     ddp, ceiling = _int_keys(result["speedup"]), _int_keys(result["ceiling_speedup"])
     ws = [1, *sorted(ddp)]
     ax.plot(ws, ws, "k:", label="ideal: S(N) = N")
     ax.plot(ws, [1.0] + [ceiling[w] for w in ws[1:]], "s--", label="ceiling: N independent processes")
     ax.plot(ws, [1.0] + [ddp[w] for w in ws[1:]], "o-", label="DDP")
+    dp = _int_keys(result.get("dataparallel_speedup", {}))
+    if dp:  # the label says when it is the CPU emulation, never to be read as a GPU figure
+        emulated = result.get("dataparallel_kind", "").startswith("CPU")
+        ax.plot(ws, [1.0] + [dp[w] for w in ws[1:]], "^-.",
+                label="DataParallel, CPU emulation (threads)" if emulated else "DataParallel")
     ax.set(xlabel="world size N", ylabel="speed-up T(N) / T(1)", xticks=ws,
            title=f"per-process batch {result['config']['default_batch']}")
     ax.legend(fontsize="small")

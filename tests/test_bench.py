@@ -7,17 +7,18 @@ import sys
 import pytest
 
 from dp_helpers.bench import BenchConfig, derived, quick
+from dp_helpers.env import gpu_count
 
 pytestmark = pytest.mark.slow
 
 
 def test_derived_ratios():
-    tp = {"single": {64: 100.0}, "independent": {2: {64: 190.0}}, "ddp": {2: {64: 171.0}}}
+    tp = {"single": {64: 100.0}, "independent": {2: {64: 190.0}}, "ddp": {2: {64: 171.0}}, "dataparallel": {2: {64: 120.0}}}
     d = derived(tp, 64)
-    assert d["speedup"] == {2: 1.71} and d["ceiling_speedup"] == {2: 1.9}
+    assert d["speedup"] == {2: 1.71} and d["ceiling_speedup"] == {2: 1.9} and d["dataparallel_speedup"] == {2: 1.2}
     assert d["efficiency"][2] == pytest.approx(0.855) and d["efficiency_vs_ceiling"][2] == pytest.approx(0.9)
     assert d["batch_sweep"] == [{"batch": 64, "single": 100.0, "ddp_2": 171.0, "independent_2": 190.0,
-                                 "efficiency_vs_ceiling_2": pytest.approx(0.9)}]
+                                 "efficiency_vs_ceiling_2": pytest.approx(0.9), "dataparallel_2": 120.0}]
 
 
 def test_quick_config_is_smaller():
@@ -31,8 +32,12 @@ def test_bench_quick_writes_the_documented_fields(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads((tmp_path / "bench.json").read_text())
     assert set(result) >= {"config", "machine", "throughput", "speedup", "ceiling_speedup", "efficiency",
-                           "efficiency_vs_ceiling", "batch_sweep", "allreduce", "train_overhead"}
-    assert set(result["throughput"]) == {"single", "independent", "ddp"}
+                           "efficiency_vs_ceiling", "batch_sweep", "allreduce", "train_overhead",
+                           "dataparallel_speedup", "dataparallel_kind", "gpu", "backend"}
+    assert set(result["throughput"]) == {"single", "independent", "ddp", "dataparallel"}
+    assert set(result["dataparallel_speedup"]) == {"2"} and result["backend"] in ("gloo", "nccl")
+    assert result["dataparallel_kind"].startswith("CPU emulation" if result["backend"] == "gloo" else "real")
+    assert ("skipped" in result["gpu"]) == (gpu_count() == 0)  # GPU timings skip with a reason, never silently
     assert all(v > 0 for v in result["throughput"]["single"].values())
     assert set(result["speedup"]) == {"2"} and result["machine"]["torch"]
     row = result["allreduce"][0]

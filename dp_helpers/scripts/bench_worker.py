@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -13,7 +14,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dp_helpers import dist as dph
 from dp_helpers.collectives import ring_all_reduce
+from dp_helpers.dataparallel import DataParallelModule, cpu_devices, gpu_devices
 from dp_helpers.models import MLP
+from dp_helpers.training import PRECISIONS, grad_scaler, mixed_precision_step, precision_problem
 
 
 def sync(info: dph.DistInfo) -> None:
@@ -22,49 +25,84 @@ def sync(info: dph.DistInfo) -> None:
         torch.cuda.synchronize(info.device)
 
 
-def throughput(model, batch: int, args, info: dph.DistInfo) -> float:
-    """Samples per second this rank trains at, after warm-up steps."""
-    x, y = torch.randn(batch, args.dim, device=info.device), torch.rand(batch, 1, device=info.device)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+def timed_rounds(steps: dict, args, info: dph.DistInfo) -> dict[str, float]:
+    """Median seconds of `rounds` windows of `steps` steps per named step function, the windows alternating."""
+    for step in steps.values():
+        for _ in range(args.warmup):
+            step()
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(args.rounds):
+        for name, step in steps.items():  # alternate: a noisy moment on a shared machine hits every variant
+            sync(info)
+            dist.barrier()  # everyone starts the clock together
+            start = time.perf_counter()
+            for _ in range(args.steps):
+                step()
+            sync(info)
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
 
-    def step() -> None:
-        """One training step."""
-        opt.zero_grad(set_to_none=True)
-        torch.nn.functional.binary_cross_entropy(model(x), y).backward()
-        opt.step()
 
-    for _ in range(args.warmup):
-        step()
-    sync(info)
-    dist.barrier()  # everyone starts the clock together
-    start = time.perf_counter()
-    for _ in range(args.steps):
-        step()
-    sync(info)
-    return batch * args.steps / (time.perf_counter() - start)
+def throughputs(models: dict, batch: int, args, info: dph.DistInfo) -> dict[str, float]:
+    """Samples per second this rank trains each model at, in the requested precision, measured interleaved."""
+    x, y = torch.randn(batch, args.dim, device=info.device), torch.rand(batch, device=info.device)
+    steps = {}
+    for name, model in models.items():
+        opt, scaler = torch.optim.SGD(model.parameters(), lr=1e-3), grad_scaler(info.device, args.precision)
+        steps[name] = partial(mixed_precision_step, model, x, y, opt, scaler, args.precision)
+    return {name: batch * args.steps / t for name, t in timed_rounds(steps, args, info).items()}
+
+
+def bench_model(args, info: dph.DistInfo) -> torch.nn.Module:
+    """The benchmark MLP on this rank's device, the same weights everywhere."""
+    torch.manual_seed(0)
+    return MLP(args.dim, hidden=args.hidden, depth=args.depth).to(info.device)
+
+
+def by_model(rates: dict[int, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """{batch: {model: rate}} -> {model: {batch: rate}}, batches as strings (JSON keys)."""
+    names = next(iter(rates.values()))
+    return {name: {str(b): r[name] for b, r in rates.items()} for name in names}
 
 
 def train_mode(args, info: dph.DistInfo) -> dict:
-    """Throughput for every batch size, with DDP or as independent processes that never communicate."""
-    torch.manual_seed(0)
-    model = MLP(args.dim, hidden=args.hidden, depth=args.depth).to(info.device)
+    """Per batch size: a model training alone ("independent") and, with --ddp, a DDP model, in the same processes."""
+    models = {"independent": bench_model(args, info)}  # never communicates: the machine's ceiling
     if args.ddp:
-        model = DDP(model, device_ids=[info.device] if info.device.type != "cpu" else None)
-    return {str(b): throughput(model, b, args, info) for b in args.batches}
+        models["ddp"] = DDP(bench_model(args, info), device_ids=[info.device] if info.device.type != "cpu" else None)
+    return by_model({b: throughputs(models, b, args, info) for b in args.batches})
 
 
-def timed(fn, tensor: torch.Tensor, repeats: int, info: dph.DistInfo) -> float:
-    """Median seconds of one collective call over `repeats` calls (after one warm-up)."""
-    fn(tensor.clone())
-    times = []
+def dataparallel(model: torch.nn.Module, n: int, info: dph.DistInfo) -> torch.nn.Module:
+    """Real nn.DataParallel over n GPUs, or the CPU emulation over n threads when the rank is on the CPU."""
+    if info.device.type == "cpu":
+        return DataParallelModule(model, cpu_devices(n))
+    devices = gpu_devices()
+    if len(devices) < n:
+        raise ValueError(f"DataParallel over {n} GPUs asked for, but {len(devices)} visible.")
+    return torch.nn.DataParallel(model, device_ids=devices[:n])
+
+
+def dataparallel_mode(args, info: dph.DistInfo) -> dict:
+    """One process drives n devices; each step takes n x the per-device batch, as DDP's n ranks together do."""
+    model = dataparallel(bench_model(args, info), args.devices, info)
+    return by_model({b: throughputs({"dataparallel": model}, b * args.devices, args, info) for b in args.batches})
+
+
+def timed(fns: dict, tensor: torch.Tensor, repeats: int, info: dph.DistInfo) -> dict[str, list[float]]:
+    """Seconds of every call of each collective; the calls alternate, so a noisy moment hits all of them."""
+    for fn in fns.values():  # warm-up: connections, buffers
+        fn(tensor.clone())
+    times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
-        work = tensor.clone()
-        dist.barrier()
-        start = time.perf_counter()
-        fn(work)
-        sync(info)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for name, fn in fns.items():
+            work = tensor.clone()
+            dist.barrier()
+            start = time.perf_counter()
+            fn(work)
+            sync(info)
+            times[name].append(time.perf_counter() - start)
+    return times
 
 
 def allreduce_mode(args, info: dph.DistInfo) -> list[dict]:
@@ -72,30 +110,44 @@ def allreduce_mode(args, info: dph.DistInfo) -> list[dict]:
     rows = []
     for mib in args.sizes:
         tensor = torch.randn(max(1, int(mib * 2**20 / 4)), device=info.device)
-        rows.append({"bytes": tensor.numel() * 4, "all_reduce_s": timed(dist.all_reduce, tensor, args.repeats, info),
-                     "ring_s": timed(ring_all_reduce, tensor, args.repeats, info)})
+        times = timed({"all_reduce": dist.all_reduce, "ring": ring_all_reduce}, tensor, args.repeats, info)
+        # the median is what a job sees on this machine; the best call is the algorithm without scheduling noise
+        rows.append({"bytes": tensor.numel() * 4, **{f"{name}_s": statistics.median(t) for name, t in times.items()},
+                     **{f"{name}_best_s": min(t) for name, t in times.items()}})
     return rows
 
 
-@record
-def main() -> None:
-    """Measure on every rank; rank 0 writes bench.json with every rank's numbers."""
+def parse_args() -> argparse.Namespace:
+    """The worker's flags (bench.py builds them)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mode", choices=("train", "allreduce"), required=True)
-    parser.add_argument("--ddp", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--mode", choices=("train", "dataparallel", "allreduce"), required=True)
+    parser.add_argument("--ddp", action=argparse.BooleanOptionalAction, default=True,
+                        help="train mode: also time a DDP model, alternating with the independent one")
+    parser.add_argument("--devices", type=int, default=2, help="dataparallel mode: devices one process drives")
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
     parser.add_argument("--batches", type=int, nargs="+", default=[64])
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--dim", type=int, default=512)
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--depth", type=int, default=4)
     parser.add_argument("--sizes", type=float, nargs="+", default=[1.0])
     parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+@record
+def main() -> None:
+    """Measure on every rank; rank 0 writes bench.json with every rank's numbers."""
+    args = parse_args()
     info = dph.setup()
     try:
-        result = train_mode(args, info) if args.mode == "train" else allreduce_mode(args, info)
-        dph.gather_to_file(info, result, "bench.json")
+        problem = precision_problem(info.device, args.precision)
+        if problem:
+            raise ValueError(problem)
+        modes = {"train": train_mode, "dataparallel": dataparallel_mode, "allreduce": allreduce_mode}
+        dph.gather_to_file(info, modes[args.mode](args, info), "bench.json")
     finally:
         dph.teardown()
 
