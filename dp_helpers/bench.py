@@ -42,7 +42,7 @@ class BenchConfig:
 
 def quick(cfg: BenchConfig) -> BenchConfig:
     """The --quick variant of a config."""
-    return replace(cfg, batches=[64, 1024], default_batch=1024, steps=4, rounds=1, warmup=1,
+    return replace(cfg, batches=[64, 1024], default_batch=1024, steps=4, warmup=1,
                    sizes_mib=[0.0625, 1.0, 16.0], repeats=10, overhead_repeats=1)
 
 
