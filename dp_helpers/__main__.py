@@ -6,6 +6,7 @@ import argparse
 import importlib
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 from .config import add_train_flags, config_from_args, shard_plan, validate
@@ -31,6 +32,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--backend", choices=BACKENDS, default="auto", help="process-group backend")
     bench.add_argument("--out", default=None, help="folder for bench.json and the figures (default: new, under runs/)")
     bench.add_argument("--no-overhead", action="store_true", help="skip timing train against bare torchrun")
+    bench.add_argument("--batches", type=int, nargs="+", default=None,
+                       help="per-process batch sizes to sweep; speed-up is reported at the largest (default: 64 256 1024)")
+    bench.add_argument("--hidden", type=int, default=1024, help="width of the benchmark MLP's hidden layers")
+    bench.add_argument("--depth", type=int, default=4, help="hidden layers of the benchmark MLP")
     return parser
 
 
@@ -44,14 +49,14 @@ def cmd_doctor(_args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run the benchmark and print its headline ratios."""
-    from .bench import BenchConfig, quick, run_bench
-    from .env import choose_launch, cpu_cores, gpu_count, nccl_available
+    from .bench import BenchConfig, capacity, quick, run_bench
 
-    backend, auto_world, _ = choose_launch(gpu_count(), nccl_available())
-    capacity = auto_world if backend == "nccl" else cpu_cores()
-    cfg = BenchConfig(world_sizes=args.world_sizes or list(range(1, max(capacity, 2) + 1)),
-                      overhead_check=not args.no_overhead)
-    result = run_bench(quick(cfg) if args.quick else cfg, args.out, args.backend)
+    cfg = BenchConfig(world_sizes=args.world_sizes or list(range(1, capacity(args.backend) + 1)),
+                      hidden=args.hidden, depth=args.depth, overhead_check=not args.no_overhead)
+    cfg = quick(cfg) if args.quick else cfg
+    if args.batches:  # after quick(), which would replace them
+        cfg = replace(cfg, batches=sorted(set(args.batches)), default_batch=max(args.batches))
+    result = run_bench(cfg, args.out, args.backend)
     for w, s in result["speedup"].items():
         print(f"N={w}: speed-up {s:.2f} (ceiling {result['ceiling_speedup'][w]:.2f}), "
               f"{100 * result['efficiency_vs_ceiling'][w]:.0f}% of the ceiling")

@@ -16,6 +16,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from .config import check_int
 from .env import report, resolve_backend
 from .launch import prepare_run_dir, run_ddp
 
@@ -44,6 +45,40 @@ def quick(cfg: BenchConfig) -> BenchConfig:
     """The --quick variant of a config."""
     return replace(cfg, batches=[64, 1024], default_batch=1024, steps=4, warmup=1,
                    sizes_mib=[0.0625, 1.0, 16.0], repeats=10, overhead_repeats=1)
+
+
+def validate_bench(cfg: BenchConfig, capacity: int) -> None:
+    """Refuse a benchmark that cannot run or cannot mean anything, in one sentence, before anything starts."""
+    from .training import PRECISIONS
+
+    for name in ("world_sizes", "batches"):
+        if not isinstance(getattr(cfg, name), (list, tuple)) or not getattr(cfg, name):
+            raise ValueError(f"{name} must be a non-empty list, got {getattr(cfg, name)!r}.")
+        for value in getattr(cfg, name):
+            check_int(name, value, 1)
+    for name in ("default_batch", "steps", "rounds", "dim", "hidden", "depth", "repeats", "overhead_repeats"):
+        check_int(name, getattr(cfg, name), 1)
+    check_int("warmup", cfg.warmup, 0)
+    if max(cfg.world_sizes) < 2:
+        raise ValueError(f"world sizes {cfg.world_sizes} compare nothing: give at least one world size >= 2.")
+    if max(cfg.world_sizes) > capacity:
+        raise ValueError(f"world size {max(cfg.world_sizes)} needs {max(cfg.world_sizes)} cores or GPUs, but this "
+                         f"machine has {capacity}: oversubscribed timings would mean nothing; lower --world-sizes.")
+    if cfg.default_batch not in cfg.batches:
+        raise ValueError(f"default_batch {cfg.default_batch} must be one of the batches {cfg.batches}.")
+    if not cfg.sizes_mib or any(not isinstance(m, (int, float)) or m <= 0 for m in cfg.sizes_mib):
+        raise ValueError(f"sizes_mib must be positive message sizes in MiB, got {cfg.sizes_mib!r}.")
+    if any(p not in PRECISIONS for p in cfg.precisions):
+        raise ValueError(f"precisions must be among {', '.join(PRECISIONS)}, got {cfg.precisions!r}.")
+
+
+def capacity(backend: str) -> int:
+    """Processes this machine can time without oversubscription: GPUs on nccl, else cores (at least 2)."""
+    from .env import choose_launch, cpu_cores, gpu_count, nccl_available
+
+    chosen, gpus, _ = choose_launch(gpu_count(), nccl_available())
+    on_gpus = backend == "nccl" or (backend == "auto" and chosen == "nccl")
+    return gpus if on_gpus else max(cpu_cores(), 2)
 
 
 def worker(world_size: int, *args, out: Path, backend: str) -> list:
@@ -181,6 +216,7 @@ def run_bench(cfg: BenchConfig, out_dir=None, backend: str = "auto") -> dict:
 
     from .env import gpu_count
 
+    validate_bench(cfg, capacity(backend))
     out_dir = prepare_run_dir(out_dir, "bench")
     if (out_dir / "bench.json").exists():
         raise ValueError(f"output folder {out_dir} already holds a benchmark; choose a new folder or delete it.")

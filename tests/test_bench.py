@@ -55,3 +55,43 @@ def test_an_earlier_benchmark_is_not_overwritten(tmp_path):
     with pytest.raises(ValueError, match="already holds a benchmark; choose a new folder"):
         run_bench(quick(BenchConfig([1, 2])), tmp_path)
     assert (tmp_path / "bench.json").read_text() == "{}"
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"world_sizes": [1]}, "compare nothing: give at least one world size >= 2"),
+    ({"world_sizes": [1, 3]}, "world size 3 needs 3 cores or GPUs, but this machine has 2"),
+    ({"world_sizes": []}, "world_sizes must be a non-empty list"),
+    ({"batches": [0]}, "batches must be >= 1, got 0"),
+    ({"default_batch": 100}, "default_batch 100 must be one of the batches"),
+    ({"hidden": 0}, "hidden must be >= 1"),
+    ({"sizes_mib": [0]}, "sizes_mib must be positive message sizes"),
+    ({"precisions": ["fp8"]}, "precisions must be among fp32, fp16, bf16"),
+])
+def test_bad_benchmarks_are_refused_in_one_sentence(change, words):
+    from dataclasses import replace
+
+    from dp_helpers.bench import validate_bench
+
+    with pytest.raises((ValueError, TypeError), match=words):
+        validate_bench(replace(BenchConfig([1, 2]), **change), capacity=2)
+
+
+def test_cli_flags_reach_the_config(monkeypatch, tmp_path):
+    import dp_helpers.bench
+    from dp_helpers.__main__ import main
+
+    seen = {}
+    monkeypatch.setattr(dp_helpers.bench, "run_bench", lambda cfg, out, backend: seen.update(cfg=cfg) or
+                        {"speedup": {}, "out_dir": str(tmp_path)})
+    assert main(["bench", "--quick", "--world-sizes", "1", "2", "--batches", "128", "32", "--hidden", "256",
+                 "--depth", "2"]) == 0
+    cfg = seen["cfg"]
+    assert (cfg.batches, cfg.default_batch, cfg.hidden, cfg.depth, cfg.steps) == ([32, 128], 128, 256, 2, 4)
+
+
+def test_cli_refuses_before_anything_runs(tmp_path, capsys):
+    from dp_helpers.__main__ import main
+
+    assert main(["bench", "--world-sizes", "1", "--out", str(tmp_path / "b")]) == 2
+    assert "give at least one world size >= 2" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()
