@@ -373,6 +373,11 @@ def last_lines(log: str, n: int = 40) -> str:
     return "\n".join(log.splitlines()[-n:])
 
 
+def rank_lines(log: str, rank: int, n: int = 20) -> str:
+    """The last n lines one rank printed (its '[rank r/W] ' prefixed lines)."""
+    return last_lines("\n".join(line for line in log.splitlines() if line.startswith(f"[rank {rank}/")), n)
+
+
 def failure(rc: int, log: str, run_dir: Path) -> DistributedRunError:
     """Build the error for a failed run: root-cause rank, exit code and exception, then the log tail."""
     tail = last_lines(log)
@@ -389,6 +394,9 @@ def failure(rc: int, log: str, run_dir: Path) -> DistributedRunError:
         message += " (this rank waited for a peer that never arrived: the hung rank may be another one)"
     if found[1:]:
         message += " [then stopped: " + ", ".join(f"rank {r} (exit code {c})" for r, c, _ in found[1:]) + "]"
+    own = rank_lines(log, rank)
+    if own and (code < 0 or own not in tail):  # a signal leaves no exception: the rank's output is the clue
+        message += f"\nrank {rank}'s last lines:\n{own}"
     return DistributedRunError(f"{message}\nlast output:\n{tail}", ranks=tuple(r for r, _, _ in found),
                                exit_code=code, cause=cause, log_tail=tail, run_dir=run_dir)
 

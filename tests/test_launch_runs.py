@@ -185,3 +185,21 @@ def test_two_local_nodes_equal_one_node(tmp_path, monkeypatch):
     torch.testing.assert_close(torch.load(two.run_dir / "model.pt", weights_only=True), one)
     assert sorted(p.name for p in (tmp_path / "nodes").glob("node*/metrics/*.jsonl")) == [
         "rank0.jsonl", "rank1.jsonl", "rank2.jsonl", "rank3.jsonl"]
+
+
+def test_a_segfault_shows_the_ranks_own_last_lines(write_script, tmp_path):
+    # a crash in native code leaves no Python exception: the rank's own output is the only clue
+    script = write_script("""
+        import faulthandler, os, signal, sys, time
+        faulthandler.enable()
+        if os.environ["RANK"] == "1":
+            print("last words before the crash", flush=True)
+            os.kill(os.getpid(), signal.SIGSEGV)
+        time.sleep(30)
+        """)
+    with pytest.raises(DistributedRunError) as info:
+        run_ddp(script, world_size=2, out_dir=tmp_path / "run", timeout=120, echo=False)
+    message = str(info.value)
+    assert info.value.ranks[0] == 1 and "exit code -11" in message
+    own = message.split("rank 1's last lines:")[1].split("last output:")[0]
+    assert "last words before the crash" in own and "Segmentation fault" in own
