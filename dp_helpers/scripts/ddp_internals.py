@@ -60,7 +60,8 @@ def timeline(info: dph.DistInfo, cap_mb: float) -> list[dict]:
     model, state = DDP(wide_mlp(info), bucket_cap_mb=cap_mb), {"events": [], "t0": 0.0}
     model.register_comm_hook(state, timed_hook)
     for i, layer in enumerate(m for m in model.module.modules() if isinstance(m, torch.nn.Linear)):
-        layer.register_full_backward_hook(lambda mod, gi, go, i=i: state["events"].append(
+        # fires when the weight's gradient has been accumulated: the moment DDP counts it as ready
+        layer.weight.register_post_accumulate_grad_hook(lambda p, i=i: state["events"].append(
             {"kind": "gradient ready", "name": f"layer {i}", "start": time.perf_counter() - state["t0"]}))
     for step in range(3):  # warm-up: DDP rebuilds its buckets after the first iteration
         step_once(model, info, step)
