@@ -54,4 +54,4 @@ def test_bench_worker_runs_ddp_with_fp16_and_the_scaler(tmp_path):
                      "--batches", "16", "--steps", "2", "--warmup", "1", "--hidden", "32", "--depth", "2",
                      world_size=2, backend="gloo", out_dir=tmp_path / "run", echo=False, timeout=120)
     rows = json.loads((result.run_dir / "bench.json").read_text())
-    assert len(rows) == 2 and all(r["16"] > 0 for r in rows)
+    assert len(rows) == 2 and all(r[model]["16"] > 0 for r in rows for model in ("independent", "ddp"))
