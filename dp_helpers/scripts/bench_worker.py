@@ -19,10 +19,11 @@ from dp_helpers.models import MLP
 from dp_helpers.training import PRECISIONS, grad_scaler, mixed_precision_step, precision_problem
 
 
-def sync(info: dph.DistInfo) -> None:
-    """Wait for queued GPU work, so the clock measures it (a no-op on CPU)."""
+def sync(info: dph.DistInfo, args=None) -> None:
+    """Wait for queued GPU work, so the clock measures it: this rank's GPU, or every GPU DataParallel drives."""
     if info.device.type != "cpu":
-        torch.cuda.synchronize(info.device)
+        for device in gpu_devices()[:args.devices] if getattr(args, "mode", "") == "dataparallel" else [info.device]:
+            torch.cuda.synchronize(device)
 
 
 def timed_rounds(steps: dict, args, info: dph.DistInfo) -> dict[str, float]:
@@ -33,12 +34,12 @@ def timed_rounds(steps: dict, args, info: dph.DistInfo) -> dict[str, float]:
     times: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(args.rounds):
         for name, step in steps.items():  # alternate: a noisy moment on a shared machine hits every variant
-            sync(info)
+            sync(info, args)
             dist.barrier()  # everyone starts the clock together
             start = time.perf_counter()
             for _ in range(args.steps):
                 step()
-            sync(info)
+            sync(info, args)
             times[name].append(time.perf_counter() - start)
     return {name: statistics.median(t) for name, t in times.items()}
 
