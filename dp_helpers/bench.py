@@ -217,10 +217,10 @@ def run_bench(cfg: BenchConfig, out_dir=None, backend: str = "auto") -> dict:
     from .env import gpu_count
 
     validate_bench(cfg, capacity(backend))
-    out_dir = prepare_run_dir(out_dir, "bench")
-    if (out_dir / "bench.json").exists():
-        raise ValueError(f"output folder {out_dir} already holds a benchmark; choose a new folder or delete it.")
     backend = resolve_backend(backend, max(cfg.world_sizes))  # one backend for every world size, DataParallel's too
+    if out_dir is not None and (Path(out_dir) / "bench.json").exists():
+        raise ValueError(f"output folder {out_dir} already holds a benchmark; choose a new folder or delete it.")
+    out_dir = prepare_run_dir(out_dir, "bench")  # only now, so a refused benchmark leaves no folder behind
     gpus = gpu_count()
     runs = (1 + 2 * sum(w > 1 for w in cfg.world_sizes) + 1 + cfg.overhead_check
             + len(cfg.precisions) * ((gpus > 0) + (gpus > 1)))

@@ -96,3 +96,12 @@ def test_cli_refuses_before_anything_runs(tmp_path, capsys):
     assert main(["bench", "--world-sizes", "1", "--out", str(tmp_path / "b")]) == 2
     assert "give at least one world size >= 2" in capsys.readouterr().err
     assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.skipif(nccl_available(), reason="needs a torch without NCCL, where backend 'nccl' is refused")
+def test_a_refused_backend_leaves_no_folder(tmp_path, capsys):
+    from dp_helpers.__main__ import main
+
+    assert main(["bench", "--backend", "nccl", "--out", str(tmp_path / "b")]) == 2
+    assert "backend 'nccl' is not built into this torch" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()
