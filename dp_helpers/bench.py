@@ -125,30 +125,35 @@ def dataparallel_kind(backend: str) -> str:
             "autograd runs the whole backward on one CPU thread, so this is not a prediction for GPUs")
 
 
+def precision_runs(cfg: BenchConfig, precision: str, n: int, tmp: Path) -> tuple:
+    """(one GPU, DDP on n GPUs) samples/s in one precision; {"skipped": reason} for what cannot run."""
+    from .env import gpu_device
+    from .training import precision_problem
+
+    problem = precision_problem(gpu_device(0), precision)
+    if problem:
+        return {"skipped": problem}, {"skipped": problem}
+    args, b = train_args(cfg, "train", "--precision", precision, batches=[cfg.default_batch]), cfg.default_batch
+    single = total(worker(1, *args, "--no-ddp", out=tmp / f"gpu1-{precision}", backend="nccl"), "independent")[b]
+    if n < 2:
+        return single, {"skipped": f"DDP across GPUs needs at least two; found {n}"}
+    return single, total(worker(n, *args, "--ddp", out=tmp / f"gpu{n}-{precision}", backend="nccl"), "ddp")[b]
+
+
 def gpu_section(cfg: BenchConfig, tmp: Path, tick) -> dict:
     """Single-GPU throughput in fp32, fp16 (autocast + GradScaler) and bf16 on nccl, and DDP in each with >= 2 GPUs."""
-    from .env import gpu_count, gpu_device, gpu_names, nccl_available
-    from .training import precision_problem
+    from .env import gpu_count, gpu_names, nccl_available
 
     n = gpu_count()
     if n < 1 or not nccl_available():
         return {"skipped": f"needs a CUDA GPU and NCCL; found {n} GPU(s), nccl={nccl_available()}"}
     out = {"gpus": list(gpu_names(n)), "batch": cfg.default_batch, "single": {}, "ddp": {}}
     for p in cfg.precisions:
-        problem = precision_problem(gpu_device(0), p)
-        if problem:
-            out["single"][p] = out["ddp"][p] = {"skipped": problem}
-            continue
-        args = train_args(cfg, "train", "--precision", p, batches=[cfg.default_batch])
-        single = worker(1, *args, "--no-ddp", out=tmp / f"gpu1-{p}", backend="nccl")
-        out["single"][p] = total(single, "independent")[cfg.default_batch]
-        tick()
-        out["ddp"][p] = {"skipped": f"DDP across GPUs needs at least two; found {n}"}
-        if n >= 2:
-            out["ddp"][p] = total(worker(n, *args, "--ddp", out=tmp / f"gpu{n}-{p}", backend="nccl"), "ddp")[cfg.default_batch]
-            tick()
-    out["speedup_over_fp32"] = {p: t / out["single"]["fp32"] for p, t in out["single"].items()
-                                if isinstance(t, float) and isinstance(out["single"].get("fp32"), float)}
+        out["single"][p], out["ddp"][p] = precision_runs(cfg, p, n, tmp)
+        tick(1 + (n > 1))
+    fp32 = out["single"].get("fp32")
+    out["speedup_over_fp32"] = {p: t / fp32 for p, t in out["single"].items()
+                                if isinstance(t, float) and isinstance(fp32, float)}
     return out
 
 
@@ -214,14 +219,14 @@ def run_bench(cfg: BenchConfig, out_dir=None, backend: str = "auto") -> dict:
     """Measure everything in one run, write bench.json and the figures (a new folder under runs/ by default)."""
     from tqdm.auto import tqdm
 
-    from .env import gpu_count
+    from .env import gpu_count, nccl_available
 
     validate_bench(cfg, capacity(backend))
     backend = resolve_backend(backend, max(cfg.world_sizes))  # one backend for every world size, DataParallel's too
     if out_dir is not None and (Path(out_dir) / "bench.json").exists():
         raise ValueError(f"output folder {out_dir} already holds a benchmark; choose a new folder or delete it.")
     out_dir = prepare_run_dir(out_dir, "bench")  # only now, so a refused benchmark leaves no folder behind
-    gpus = gpu_count()
+    gpus = gpu_count() if nccl_available() else 0  # gpu_section skips without NCCL
     runs = (1 + 2 * sum(w > 1 for w in cfg.world_sizes) + 1 + cfg.overhead_check
             + len(cfg.precisions) * ((gpus > 0) + (gpus > 1)))
     bar = tqdm(total=runs, desc="bench", unit="run")
@@ -229,7 +234,7 @@ def run_bench(cfg: BenchConfig, out_dir=None, backend: str = "auto") -> dict:
         tp = throughputs(cfg, Path(tmp), backend, lambda: bar.update(1))
         ar = allreduce_rows(cfg, Path(tmp), backend)
         bar.update(1)
-        gpu = gpu_section(cfg, Path(tmp), lambda: bar.update(1))
+        gpu = gpu_section(cfg, Path(tmp), bar.update)
         over = overhead(Path(tmp), cfg.overhead_repeats) if cfg.overhead_check else None
         bar.update(1 if cfg.overhead_check else 0)
     bar.close()

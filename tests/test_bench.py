@@ -105,3 +105,30 @@ def test_a_refused_backend_leaves_no_folder(tmp_path, capsys):
     assert main(["bench", "--backend", "nccl", "--out", str(tmp_path / "b")]) == 2
     assert "backend 'nccl' is not built into this torch" in capsys.readouterr().err
     assert not (tmp_path / "b").exists()
+
+
+def test_gpu_section_bookkeeping_with_a_stand_in_worker(monkeypatch, tmp_path):
+    # the GPU runs themselves need GPUs (tests/test_gpu.py); what is recorded from them is checked here
+    import dp_helpers.bench as bench
+    import dp_helpers.env as env
+    import dp_helpers.training as training
+
+    monkeypatch.setattr(env, "gpu_count", lambda: 2)
+    monkeypatch.setattr(env, "nccl_available", lambda: True)
+    monkeypatch.setattr(env, "gpu_names", lambda n: ("GPU A",) * n)
+    monkeypatch.setattr(training, "precision_problem", lambda device, p: "no native bfloat16." if p == "bf16" else None)
+    rates, launches = {"fp32": 100.0, "fp16": 250.0}, []
+
+    def stand_in(world_size, *args, out, backend):
+        precision = args[args.index("--precision") + 1]
+        launches.append((world_size, precision, backend))
+        return [{"independent": {"1024": rates[precision]}, "ddp": {"1024": 0.9 * rates[precision]}}] * world_size
+
+    monkeypatch.setattr(bench, "worker", stand_in)
+    ticks = []
+    out = bench.gpu_section(BenchConfig([1, 2]), tmp_path, lambda n=1: ticks.append(n))
+    assert out["single"] == {"fp32": 100.0, "fp16": 250.0, "bf16": {"skipped": "no native bfloat16."}}
+    assert out["ddp"]["fp16"] == pytest.approx(450.0) and out["ddp"]["bf16"] == {"skipped": "no native bfloat16."}
+    assert out["speedup_over_fp32"] == {"fp32": 1.0, "fp16": 2.5} and out["gpus"] == ["GPU A", "GPU A"]
+    assert launches == [(1, "fp32", "nccl"), (2, "fp32", "nccl"), (1, "fp16", "nccl"), (2, "fp16", "nccl")]
+    assert sum(ticks) == 6  # two runs per precision, a skipped one included, so the bar ends full

@@ -40,7 +40,7 @@ def test_bench_gpu_section_times_every_precision(tmp_path):
     from dp_helpers.bench import BenchConfig, gpu_section
 
     cfg = BenchConfig([1], batches=[64], default_batch=64, steps=2, rounds=1, warmup=1, hidden=64, depth=2)
-    out = gpu_section(cfg, tmp_path, lambda: None)
+    out = gpu_section(cfg, tmp_path, lambda n=1: None)
     assert out["single"]["fp32"] > 0 and out["single"]["fp16"] > 0  # fp16: autocast + GradScaler on nccl
     bf16 = out["single"]["bf16"]
     assert (isinstance(bf16, float) and bf16 > 0) or "bfloat16" in bf16["skipped"]
