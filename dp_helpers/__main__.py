@@ -81,10 +81,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     world_size = plan_world_size(args.world_size, args.backend)
     validate(cfg, world_size)
-    plan = shard_plan(cfg.samples, world_size, cfg.batch_size)
+    plan = shard_plan(cfg.samples, world_size, cfg.batch_size, cfg.grad_accum_steps)
+    epochs = min(cfg.epochs, cfg.stop_after) if cfg.stop_after else cfg.epochs  # rank 0 logs one line per step
     result = run_ddp("dp_helpers.scripts.train", *cfg.as_args(), world_size=world_size,
                      backend=args.backend, out_dir=args.out, timeout=args.timeout,
-                     progress=plan.steps_per_epoch * cfg.epochs)
+                     progress=plan.optimizer_steps * epochs)
     plotting.join()
     from .plotting import save_loss_figure
 

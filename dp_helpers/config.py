@@ -136,28 +136,54 @@ class ShardPlan:
     padded: int
     steps_per_epoch: int
     last_batch: int
+    grad_accum_steps: int = 1
+
+    @property
+    def optimizer_steps(self) -> int:
+        """Optimizer steps per epoch: the micro-batches grouped grad_accum_steps at a time."""
+        return math.ceil(self.steps_per_epoch / self.grad_accum_steps)
+
+    @property
+    def last_group(self) -> int:
+        """Micro-batches in the epoch's last optimizer step."""
+        return self.steps_per_epoch - (self.optimizer_steps - 1) * self.grad_accum_steps
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per optimizer step over all ranks: world_size x batch_size x grad_accum_steps."""
+        return self.world_size * self.batch_size * self.grad_accum_steps
+
+    @property
+    def mixes_micro_batch_sizes(self) -> bool:
+        """True when the last optimizer step averages a short micro-batch with full ones (each weighted 1/k)."""
+        return self.last_batch != self.batch_size and self.last_group > 1
 
     @property
     def equivalent_to_large_batch(self) -> bool:
-        """True when W ranks x batch B see exactly the batches one process with batch W*B sees: no padding."""
-        return self.padded == 0
+        """True when the run sees exactly the batches one process with the global batch sees, weighted alike."""
+        return self.padded == 0 and not self.mixes_micro_batch_sizes
 
     def explain(self) -> str:
         """One sentence on whether this run matches one process with the global batch, and why."""
-        w, b = self.world_size, self.batch_size
+        w, b, g = self.world_size, self.batch_size, self.global_batch
         if self.padded:
-            return (f"not identical to one process with batch {w * b}: {self.samples} samples do not split "
+            return (f"not identical to one process with batch {g}: {self.samples} samples do not split "
                     f"evenly over {w} ranks, so the sampler repeats {self.padded} sample(s) every epoch "
                     f"and the last global batch ({w}x{self.last_batch}) counts them twice.")
+        if self.mixes_micro_batch_sizes:
+            return (f"not identical to one process with batch {g}: the epoch's last optimizer step accumulates "
+                    f"{self.last_group} micro-batches of {b} and {self.last_batch} samples with equal weights, "
+                    "where one large batch weights every sample equally.")
         if self.last_batch != b:
-            return (f"identical to one process with batch {w * b}: each rank's last batch is short "
+            return (f"identical to one process with batch {g}: each rank's last batch is short "
                     f"({self.last_batch} samples), and one process ends on the same {w * self.last_batch} samples.")
-        return f"identical to one process with batch {w * b}: {self.samples} samples split into whole global batches."
+        return f"identical to one process with batch {g}: {self.samples} samples split into whole global batches."
 
 
-def shard_plan(samples: int, world_size: int, batch_size: int) -> ShardPlan:
-    """The DistributedSampler arithmetic (drop_last=False) for one epoch."""
+def shard_plan(samples: int, world_size: int, batch_size: int, grad_accum_steps: int = 1) -> ShardPlan:
+    """The DistributedSampler arithmetic (drop_last=False) for one epoch, micro-batches grouped for accumulation."""
     per_rank = math.ceil(samples / world_size)
     steps = math.ceil(per_rank / batch_size)
     last = per_rank - (steps - 1) * batch_size
-    return ShardPlan(samples, world_size, batch_size, per_rank, per_rank * world_size - samples, steps, last)
+    return ShardPlan(samples, world_size, batch_size, per_rank, per_rank * world_size - samples, steps, last,
+                     grad_accum_steps)

@@ -82,3 +82,15 @@ def test_models_output_probabilities():
         assert out.shape == (5, 1) and bool(((out > 0) & (out < 1)).all())
     with pytest.raises(ValueError, match="model must be one of linear, mlp, bn, got 'cnn'"):
         build_model("cnn", 6, seed=0)
+
+
+@pytest.mark.parametrize("batch_size, k, steps, last_group, identical, words", [
+    (10, 3, 2, 2, True, "identical to one process with batch 60: 100 samples split"),
+    (8, 2, 4, 1, True, "each rank's last batch is short (2 samples)"),  # the short micro-batch steps alone
+    (8, 3, 3, 1, True, "identical to one process with batch 48"),
+    (8, 4, 2, 3, False, "accumulates 3 micro-batches of 8 and 2 samples with equal weights"),
+])
+def test_accumulation_changes_the_plan(batch_size, k, steps, last_group, identical, words):
+    plan = shard_plan(100, 2, batch_size, k)
+    assert (plan.optimizer_steps, plan.last_group, plan.global_batch) == (steps, last_group, 2 * batch_size * k)
+    assert plan.equivalent_to_large_batch == identical and words in plan.explain()

@@ -106,3 +106,15 @@ def test_hand_written_all_reduce_equals_ddp_and_one_process(tmp_path, cli_run):
     assert manual.summary["sync"] == "manual"
     torch.testing.assert_close(final_weights(manual.run_dir), final_weights(cli_run[0]))
     torch.testing.assert_close(final_weights(manual.run_dir), train_reference(TrainConfig(batch_size=20)).state_dict)
+
+
+@pytest.mark.parametrize("k, identical", [(3, True), (4, False)])
+def test_accumulation_equivalence_is_what_the_summary_says(tmp_path, k, identical):
+    # 50 samples per rank in micro-batches of 8: 6 full and one of 2; k=3 leaves the short one alone in
+    # the last step, k=4 averages it with two full ones, weighting its samples 4x more than a large batch does
+    cfg = {"batch_size": 8, "grad_accum_steps": k, "epochs": 2, "lr": 0.5}
+    run = launch_train(tmp_path / "run", 2, **cfg)
+    assert run.summary["equivalent_to_large_batch"] == identical and run.summary["global_batch_size"] == 16 * k
+    reference = train_reference(TrainConfig(batch_size=8 * k, epochs=2, lr=0.5), world_size=2)
+    diff = max((final_weights(run.run_dir)[key] - v).abs().max().item() for key, v in reference.state_dict.items())
+    assert (diff < 1e-5) == identical, diff

@@ -148,9 +148,9 @@ def train(cfg: TrainConfig, out: Path, info: dph.DistInfo) -> dict:
 
 def make_summary(cfg: TrainConfig, info: dph.DistInfo, step: int, losses: list, comm: dict, seconds: float) -> dict:
     """What summary.json records about the run."""
-    plan = shard_plan(cfg.samples, info.world_size, cfg.batch_size)
+    plan = shard_plan(cfg.samples, info.world_size, cfg.batch_size, cfg.grad_accum_steps)
     return {"config": cfg.as_dict(), "world_size": info.world_size, "backend": info.backend, "sync": cfg.sync,
-            "device": str(info.device), "global_batch_size": info.world_size * cfg.batch_size * cfg.grad_accum_steps,
+            "device": str(info.device), "global_batch_size": plan.global_batch,
             "steps": step, "epoch_losses": losses, "final_loss": losses[-1] if losses else None,
             "allreduce_calls": comm["allreduces"], "allreduce_bytes": comm["bytes"],
             "padded_samples_per_epoch": plan.padded, "last_batch_size": plan.last_batch,
