@@ -70,6 +70,17 @@ def prefetch(*modules: str) -> None:
         importlib.import_module(name)
 
 
+def progress_steps(cfg, world_size: int) -> int | None:
+    """Optimizer steps rank 0 will log in this run (one metrics line each), to size the progress bar."""
+    plan = shard_plan(cfg.samples, world_size, cfg.batch_size, cfg.grad_accum_steps)
+    last, first = (min(cfg.epochs, cfg.stop_after) if cfg.stop_after else cfg.epochs), 0
+    if cfg.resume:  # torch is imported only when resuming
+        from .training import checkpoint_epoch
+
+        first = checkpoint_epoch(cfg.resume)
+    return plan.optimizer_steps * max(last - first, 0) or None
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     """Validate, launch the DDP job with a progress bar, draw loss.png, print where everything is."""
     from .launch import plan_world_size, run_ddp
@@ -81,11 +92,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     world_size = plan_world_size(args.world_size, args.backend)
     validate(cfg, world_size)
-    plan = shard_plan(cfg.samples, world_size, cfg.batch_size, cfg.grad_accum_steps)
-    epochs = min(cfg.epochs, cfg.stop_after) if cfg.stop_after else cfg.epochs  # rank 0 logs one line per step
     result = run_ddp("dp_helpers.scripts.train", *cfg.as_args(), world_size=world_size,
                      backend=args.backend, out_dir=args.out, timeout=args.timeout,
-                     progress=plan.optimizer_steps * epochs)
+                     progress=progress_steps(cfg, world_size))
     plotting.join()
     from .plotting import save_loss_figure
 

@@ -6,6 +6,7 @@ import argparse
 import math
 import os
 from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 
 MODELS = ("linear", "mlp", "bn")
 SYNCS = ("ddp", "manual")
@@ -79,6 +80,11 @@ def validate(cfg: TrainConfig, world_size: int = 1) -> None:
         raise ValueError(f"model must be one of {', '.join(MODELS)}, got {cfg.model!r}.")
     if cfg.sync not in SYNCS:
         raise ValueError(f"sync must be one of {', '.join(SYNCS)}, got {cfg.sync!r}.")
+    if cfg.resume and not Path(cfg.resume).is_file():
+        raise FileNotFoundError(f"resume={cfg.resume!r}: no such checkpoint file; give the path a --checkpoint "
+                                "run wrote.")
+    if cfg.checkpoint and not Path(cfg.checkpoint).resolve().parent.is_dir():
+        raise FileNotFoundError(f"checkpoint={cfg.checkpoint!r}: its folder does not exist; create it first.")
     if cfg.samples < world_size:
         raise ValueError(f"samples={cfg.samples} is fewer than world_size={world_size}: some ranks would "
                          "only see padding; use more samples or fewer processes.")

@@ -103,3 +103,11 @@ def train_steps(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, s
         else:
             mixed_precision_step(model, inputs, targets, optimizer, scaler, precision)
     return model
+
+
+def checkpoint_epoch(path: str) -> int:
+    """The epoch a checkpoint written by scripts/train.py resumes from (the CLI sizes its progress bar with it)."""
+    try:
+        return int(torch.load(path, map_location="cpu", weights_only=True)["epoch"])
+    except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same one-sentence error
+        raise ValueError(f"{path} is not a checkpoint written by --checkpoint ({type(exc).__name__}).") from None

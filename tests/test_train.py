@@ -118,3 +118,21 @@ def test_accumulation_equivalence_is_what_the_summary_says(tmp_path, k, identica
     reference = train_reference(TrainConfig(batch_size=8 * k, epochs=2, lr=0.5), world_size=2)
     diff = max((final_weights(run.run_dir)[key] - v).abs().max().item() for key, v in reference.state_dict.items())
     assert (diff < 1e-5) == identical, diff
+
+
+def test_resume_checks_its_file_and_sizes_the_bar(tmp_path):
+    cli = [sys.executable, "-m", "dp_helpers", "train", "--epochs", "3"]
+    ckpt = tmp_path / "ckpt.pt"
+    first = subprocess.run([*cli, "--checkpoint", str(ckpt), "--stop-after", "1", "--out", str(tmp_path / "a")],
+                           capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0 and "5/5" in first.stderr  # 1 epoch of 5 steps, not 15
+    again = subprocess.run([*cli, "--resume", str(ckpt), "--out", str(tmp_path / "b")],
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "10/10" in again.stderr  # the 2 epochs left
+    (tmp_path / "junk.pt").write_text("not a checkpoint")
+    for path, words in ((tmp_path / "missing.pt", "no such checkpoint file"),
+                        (tmp_path / "junk.pt", "is not a checkpoint written by --checkpoint")):
+        bad = subprocess.run([*cli, "--resume", str(path), "--out", str(tmp_path / "c")],
+                             capture_output=True, text=True, timeout=300)
+        assert bad.returncode == 2 and words in bad.stderr and "Traceback" not in bad.stderr
+    assert not (tmp_path / "c").exists()
