@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -81,6 +82,17 @@ def teardown() -> None:
     gc.collect()
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def exit_after(main) -> None:
+    """Run a DDP worker's main(); once it returns cleanly, end the process at once with exit code 0."""
+    main()  # an exception propagates as usual: non-zero exit, error file, nothing skipped
+    # torch 2.13 keeps the gloo group's threads alive once a DDP model was built, even after
+    # destroy_process_group(); interpreter finalization then sometimes aborts a worker whose work is
+    # done (SIGABRT "terminate called without an active exception"). Every file is closed by now.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def print0(info: DistInfo, *args, **kwargs) -> None:

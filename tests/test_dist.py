@@ -57,3 +57,13 @@ def test_orphaned_worker_exits(tmp_path):
     while pids_alive([pid]) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert pids_alive([pid]) == []
+
+
+@pytest.mark.parametrize("body, code, words", [
+    ("print('done', end='')", 0, "done"),  # unflushed output still arrives
+    ("raise ValueError('boom')", 1, "ValueError: boom"),  # a failure is never turned into success
+])
+def test_exit_after_ends_a_clean_worker_and_passes_failures_on(body, code, words):
+    script = f"from dp_helpers import dist as dph\ndef main():\n    {body}\ndph.exit_after(main)\nprint('never')"
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == code and words in proc.stdout + proc.stderr and "never" not in proc.stdout

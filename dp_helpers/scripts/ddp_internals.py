@@ -151,4 +151,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    dph.exit_after(main)

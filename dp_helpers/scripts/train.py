@@ -172,4 +172,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    dph.exit_after(main)
