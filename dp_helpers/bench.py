@@ -159,9 +159,7 @@ def gpu_section(cfg: BenchConfig, tmp: Path, tick) -> dict:
 
 def allreduce_rows(cfg: BenchConfig, tmp: Path, backend: str) -> list[dict]:
     """Time and bus bandwidth of dist.all_reduce and ring_all_reduce per message size, on the largest world size."""
-    w = max(cfg.world_sizes)
-    if w < 2:
-        return []
+    w = max(cfg.world_sizes)  # >= 2: validate_bench refuses less
     rows = worker(w, "--mode", "allreduce", "--sizes", *cfg.sizes_mib, "--repeats", cfg.repeats, out=tmp / "ar",
                   backend=backend)[0]
     for r in rows:
@@ -198,13 +196,13 @@ def derived(tp: dict, default_batch: int) -> dict:
     speedup = {w: t[default_batch] / t1 for w, t in tp["ddp"].items()}
     ceiling = {w: t[default_batch] / t1 for w, t in tp["independent"].items()}
     return {"speedup": speedup, "ceiling_speedup": ceiling,
-            "dataparallel_speedup": {w: t[default_batch] / t1 for w, t in tp.get("dataparallel", {}).items()},
+            "dataparallel_speedup": {w: t[default_batch] / t1 for w, t in tp["dataparallel"].items()},
             "efficiency": {w: s / w for w, s in speedup.items()},
             "efficiency_vs_ceiling": {w: speedup[w] / ceiling[w] for w in speedup},
             "batch_sweep": [{"batch": b, "single": tp["single"][b],
                              **{f"ddp_{w}": tp["ddp"][w][b] for w in tp["ddp"]},
                              **{f"independent_{w}": tp["independent"][w][b] for w in tp["independent"]},
-                             **{f"dataparallel_{w}": t[b] for w, t in tp.get("dataparallel", {}).items()},
+                             **{f"dataparallel_{w}": t[b] for w, t in tp["dataparallel"].items()},
                              **{f"efficiency_vs_ceiling_{w}": tp["ddp"][w][b] / tp["independent"][w][b]
                                 for w in tp["ddp"]}} for b in sorted(tp["single"])]}
 

@@ -19,39 +19,49 @@ from dp_helpers.models import MLP
 from dp_helpers.training import PRECISIONS, grad_scaler, mixed_precision_step, precision_problem
 
 
-def sync(info: dph.DistInfo, args=None) -> None:
-    """Wait for queued GPU work, so the clock measures it: this rank's GPU, or every GPU DataParallel drives."""
-    if info.device.type != "cpu":
-        for device in gpu_devices()[:args.devices] if getattr(args, "mode", "") == "dataparallel" else [info.device]:
+def sync(devices) -> None:
+    """Wait for work queued on these devices, so the clock measures it (a no-op on CPU)."""
+    for device in devices:
+        if torch.device(device).type != "cpu":
             torch.cuda.synchronize(device)
 
 
-def timed_rounds(steps: dict, args, info: dph.DistInfo) -> dict[str, float]:
+def clocked(fn, devices) -> float:
+    """Seconds one call of fn takes, every rank starting the clock together, queued device work included."""
+    sync(devices)
+    dist.barrier()
+    start = time.perf_counter()
+    fn()
+    sync(devices)
+    return time.perf_counter() - start
+
+
+def repeat(step, n: int) -> None:
+    """Call step n times: one timed window."""
+    for _ in range(n):
+        step()
+
+
+def timed_rounds(steps: dict, args, devices) -> dict[str, float]:
     """Median seconds of `rounds` windows of `steps` steps per named step function, the windows alternating."""
     for step in steps.values():
-        for _ in range(args.warmup):
-            step()
+        repeat(step, args.warmup)
     times: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(args.rounds):
         for name, step in steps.items():  # alternate: a noisy moment on a shared machine hits every variant
-            sync(info, args)
-            dist.barrier()  # everyone starts the clock together
-            start = time.perf_counter()
-            for _ in range(args.steps):
-                step()
-            sync(info, args)
-            times[name].append(time.perf_counter() - start)
+            times[name].append(clocked(partial(repeat, step, args.steps), devices))
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def throughputs(models: dict, batch: int, args, info: dph.DistInfo) -> dict[str, float]:
+def throughputs(models: dict, batch: int, args, info: dph.DistInfo, devices=None) -> dict[str, float]:
     """Samples per second this rank trains each model at, in the requested precision, measured interleaved."""
     x, y = torch.randn(batch, args.dim, device=info.device), torch.rand(batch, device=info.device)
     steps = {}
     for name, model in models.items():
         opt, scaler = torch.optim.SGD(model.parameters(), lr=1e-3), grad_scaler(info.device, args.precision)
         steps[name] = partial(mixed_precision_step, model, x, y, opt, scaler, args.precision)
-    return {name: batch * args.steps / t for name, t in timed_rounds(steps, args, info).items()}
+    rounds = timed_rounds(steps, args, devices or [info.device])
+    return {name: batch * args.steps / t for name, t in rounds.items()}
 
 
 def bench_model(args, info: dph.DistInfo) -> torch.nn.Module:
@@ -74,20 +84,21 @@ def train_mode(args, info: dph.DistInfo) -> dict:
     return by_model({b: throughputs(models, b, args, info) for b in args.batches})
 
 
-def dataparallel(model: torch.nn.Module, n: int, info: dph.DistInfo) -> torch.nn.Module:
-    """Real nn.DataParallel over n GPUs, or the CPU emulation over n threads when the rank is on the CPU."""
+def dataparallel(model: torch.nn.Module, n: int, info: dph.DistInfo) -> tuple[torch.nn.Module, list]:
+    """Real nn.DataParallel over n GPUs, or the CPU emulation over n threads; with the devices it computes on."""
     if info.device.type == "cpu":
-        return DataParallelModule(model, cpu_devices(n))
+        return DataParallelModule(model, cpu_devices(n)), [info.device]
     devices = gpu_devices()
     if len(devices) < n:
         raise ValueError(f"DataParallel over {n} GPUs asked for, but {len(devices)} visible.")
-    return torch.nn.DataParallel(model, device_ids=devices[:n])
+    return torch.nn.DataParallel(model, device_ids=devices[:n]), devices[:n]
 
 
 def dataparallel_mode(args, info: dph.DistInfo) -> dict:
     """One process drives n devices; each step takes n x the per-device batch, as DDP's n ranks together do."""
-    model = dataparallel(bench_model(args, info), args.devices, info)
-    return by_model({b: throughputs({"dataparallel": model}, b * args.devices, args, info) for b in args.batches})
+    model, devices = dataparallel(bench_model(args, info), args.devices, info)
+    return by_model({b: throughputs({"dataparallel": model}, b * args.devices, args, info, devices)
+                     for b in args.batches})
 
 
 def timed(fns: dict, tensor: torch.Tensor, repeats: int, info: dph.DistInfo) -> dict[str, list[float]]:
@@ -97,12 +108,8 @@ def timed(fns: dict, tensor: torch.Tensor, repeats: int, info: dph.DistInfo) -> 
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
-            work = tensor.clone()
-            dist.barrier()
-            start = time.perf_counter()
-            fn(work)
-            sync(info)
-            times[name].append(time.perf_counter() - start)
+            work = tensor.clone()  # a fresh input each call, copied before the clock starts
+            times[name].append(clocked(partial(fn, work), [info.device]))
     return times
 
 
