@@ -101,7 +101,6 @@ def print0(info: DistInfo, *args, **kwargs) -> None:
         print(*args, flush=True, **kwargs)
 
 
-
 def gather_to_file(info: DistInfo, mine, filename: str) -> list | None:
     """Every rank hands in `mine`; rank 0 writes the list of all ranks' values as JSON into the run folder."""
     table = [None] * info.world_size

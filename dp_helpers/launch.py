@@ -351,11 +351,15 @@ def error_message(error_file: str) -> str:
         return ""
 
 
+def rank_output(log: str, rank: int) -> list[str]:
+    """Every line one rank printed (its '[rank r/W] ' prefixed lines)."""
+    return [line for line in log.splitlines() if line.startswith(f"[rank {rank}/")]
+
+
 def last_exception_line(log: str, rank: int) -> str:
     """Fallback without an error file: the last 'SomethingError: …' line that rank printed."""
-    prefix = f"[rank {rank}/"
     pattern = r"\w+(Error|Exception|Interrupt)\b|what\(\):|Fatal Python error"  # Python, C++ and fatal errors
-    hits = [ln for ln in log.splitlines() if ln.startswith(prefix) and re.search(pattern, ln)]
+    hits = [ln for ln in rank_output(log, rank) if re.search(pattern, ln)]
     return hits[-1].split("] ", 1)[-1].strip() if hits else ""
 
 
@@ -371,11 +375,6 @@ def culprit_first(found: list[tuple[int, int, str]]) -> list[tuple[int, int, str
 def last_lines(log: str, n: int = 40) -> str:
     """The last n lines of the captured output, for error messages."""
     return "\n".join(log.splitlines()[-n:])
-
-
-def rank_lines(log: str, rank: int, n: int = 20) -> str:
-    """The last n lines one rank printed (its '[rank r/W] ' prefixed lines)."""
-    return last_lines("\n".join(line for line in log.splitlines() if line.startswith(f"[rank {rank}/")), n)
 
 
 def failure(rc: int, log: str, run_dir: Path) -> DistributedRunError:
@@ -394,7 +393,7 @@ def failure(rc: int, log: str, run_dir: Path) -> DistributedRunError:
         message += " (this rank waited for a peer that never arrived: the hung rank may be another one)"
     if found[1:]:
         message += " [then stopped: " + ", ".join(f"rank {r} (exit code {c})" for r, c, _ in found[1:]) + "]"
-    own = rank_lines(log, rank)
+    own = "\n".join(rank_output(log, rank)[-20:])
     if own and (code < 0 or own not in tail):  # a signal leaves no exception: the rank's output is the clue
         message += f"\nrank {rank}'s last lines:\n{own}"
     return DistributedRunError(f"{message}\nlast output:\n{tail}", ranks=tuple(r for r, _, _ in found),
