@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .env import device_for, resolve_backend
 
@@ -93,6 +94,29 @@ def exit_after(main) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def wrap_ddp(model: torch.nn.Module, info: DistInfo, bucket_cap_mb: float | None = None,
+             gradient_as_bucket_view: bool = False) -> DDP:
+    """DDP around a model already on info.device; the constructor broadcasts rank 0's parameters and buffers."""
+    return DDP(
+        model,
+        # one GPU per process: its index; on CPU it must be None (the module's own device is used)
+        device_ids=[info.device] if info.device.type != "cpu" else None,
+        # gradients are all-reduced in buckets of about this many MiB; None keeps torch's default
+        **({} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}),
+        # True: each .grad is a view into its bucket, so gradients are stored once instead of twice
+        gradient_as_bucket_view=gradient_as_bucket_view,
+        # buffers (BatchNorm's running statistics) keep the default: rank 0's are broadcast before every
+        # forward; torch 2.13 renamed that switch broadcast_buffers -> forward_sync_buffers
+    )
+
+
+def epoch_mean_loss(loss_sum: float, count: int, info: DistInfo) -> float:
+    """The sample-weighted mean loss of this epoch over all ranks (one all-reduce, called by every rank)."""
+    totals = torch.tensor([loss_sum, float(count)], dtype=torch.float64, device=info.device)
+    dist.all_reduce(totals)
+    return (totals[0] / totals[1]).item()
 
 
 def print0(info: DistInfo, *args, **kwargs) -> None:

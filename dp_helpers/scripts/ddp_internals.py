@@ -1,8 +1,11 @@
 """DDP's buckets, overlap and communication hooks, measured on a wide MLP (taught in notebook 04).
 
 --experiment timeline: when each layer's gradient is ready and when each bucket's all-reduce runs.
---experiment sweep: all-reduces and step time for several bucket_cap_mb, with and without
-gradient_as_bucket_view. --experiment fp16: fp16_compress_hook's bytes and its effect on the weights.
+--experiment buckets: the bytes of every bucket at steps 0, 1, 2 (DDP rebuilds its buckets once).
+--experiment sweep: all-reduces and step time for torch's default cap and several bucket_cap_mb.
+--experiment memory: bytes held by gradients and buckets, with and without gradient_as_bucket_view.
+--experiment fp16: fp16_compress_hook's bytes and its effect on the weights.
+--experiment precision: bytes all-reduced under autocast, with and without bf16_compress_hook.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (
     allreduce_hook,
+    bf16_compress_hook,
     fp16_compress_hook,
 )
 from torch.distributed.elastic.multiprocessing.errors import record
@@ -21,6 +25,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dp_helpers import dist as dph
 from dp_helpers.models import MLP, build_model
+from dp_helpers.training import autocast
 
 
 def wide_mlp(info: dph.DistInfo) -> torch.nn.Module:
@@ -73,32 +78,62 @@ def timeline(info: dph.DistInfo, cap_mb: float) -> list[dict]:
     return state["events"]
 
 
-def count_hook(state: dict, bucket):
-    """DDP's all-reduce, counting the calls."""
-    state["calls"] += 1
+def recording_hook(state: dict, bucket):
+    """DDP's all-reduce, noting each bucket's bytes and the storage it lives in."""
+    buffer = bucket.buffer()
+    state["buckets"].append(buffer.numel() * buffer.element_size())
+    state["storages"][buffer.untyped_storage().data_ptr()] = buffer.untyped_storage().nbytes()
     return allreduce_hook(None, bucket)
 
 
-def sweep(info: dph.DistInfo, caps: list[float], steps: int = 8) -> list[dict]:
-    """All-reduces per step and mean step time for each bucket size, with and without gradient_as_bucket_view."""
+def recorded_steps(info: dph.DistInfo, steps: int, **ddp_kwargs) -> tuple[DDP, list[dict]]:
+    """Train the wide MLP for `steps` steps; per step: the bytes of each bucket all-reduced, and the seconds taken."""
+    model, state, per_step = DDP(wide_mlp(info), **ddp_kwargs), {"buckets": [], "storages": {}}, []
+    model.register_comm_hook(state, recording_hook)
+    for step in range(steps):
+        state["buckets"], state["storages"], start = [], {}, time.perf_counter()
+        step_once(model, info, step)
+        per_step.append({"buckets": state["buckets"], "seconds": time.perf_counter() - start,
+                         "bucket_storages": state["storages"]})
+    return model, per_step
+
+
+def buckets(info: dph.DistInfo) -> list[dict]:
+    """Bucket sizes at steps 0, 1, 2 for the default cap, explicit caps, and find_unused_parameters."""
+    settings = [("default", {}), ("bucket_cap_mb=25", {"bucket_cap_mb": 25}), ("bucket_cap_mb=1", {"bucket_cap_mb": 1}),
+                ("bucket_cap_mb=0.25", {"bucket_cap_mb": 0.25}), ("find_unused_parameters", {"find_unused_parameters": True})]
     rows = []
-    for view in (False, True):
-        for cap in caps:
-            model, state = DDP(wide_mlp(info), bucket_cap_mb=cap, gradient_as_bucket_view=view), {"calls": 0}
-            model.register_comm_hook(state, count_hook)
-            for step in range(2):
-                step_once(model, info, step)
-            state["calls"], start = 0, time.perf_counter()
-            for step in range(steps):
-                step_once(model, info, step)
-            rows.append({"bucket_cap_mb": cap, "gradient_as_bucket_view": view,
-                         "allreduces_per_step": state["calls"] / steps,
-                         "step_seconds": (time.perf_counter() - start) / steps})
+    for name, kwargs in settings:
+        _, per_step = recorded_steps(info, 3, **kwargs)
+        rows.append({"setting": name, "bucket_bytes_per_step": [s["buckets"] for s in per_step]})
     return rows
 
 
-def train_with_hook(info: dph.DistInfo, hook, steps: int) -> tuple[list[float], dict, int]:
-    """A small model trained with a comm hook: losses, final weights, and bytes handed to all_reduce."""
+def gradient_memory(info: dph.DistInfo) -> list[dict]:
+    """Bytes held by gradients and buckets, with and without gradient_as_bucket_view (counted after 3 steps)."""
+    rows = []
+    for view in (False, True):
+        model, per_step = recorded_steps(info, 3, gradient_as_bucket_view=view)
+        buckets_held = per_step[-1]["bucket_storages"]
+        grads = {p.grad.untyped_storage().data_ptr(): p.grad.untyped_storage().nbytes() for p in model.parameters()}
+        rows.append({"gradient_as_bucket_view": view, "parameter_bytes": sum(p.nbytes for p in model.parameters()),
+                     "gradient_storages": len(grads), "bytes_held": sum({**grads, **buckets_held}.values())})
+    return rows
+
+
+def sweep(info: dph.DistInfo, caps: list[float | None], steps: int = 8) -> list[dict]:
+    """All-reduces per step after the rebuild, and the mean step time, for each bucket cap (None: torch's default)."""
+    rows = []
+    for cap in caps:
+        _, per_step = recorded_steps(info, steps + 2, **({} if cap is None else {"bucket_cap_mb": cap}))
+        timed = per_step[2:]  # after DDP's one-time bucket rebuild
+        rows.append({"bucket_cap_mb": cap, "allreduces_per_step": sum(len(s["buckets"]) for s in timed) / steps,
+                     "step_seconds": sum(s["seconds"] for s in timed) / steps})
+    return rows
+
+
+def train_with_hook(info: dph.DistInfo, hook, steps: int, precision: str = "fp32") -> dict:
+    """A small model trained with a comm hook (under autocast unless fp32): losses, weights, bytes sent, .grad dtype."""
     model, sent = DDP(build_model("mlp", 10, seed=0).to(info.device)), [0]
     real_all_reduce = dist.all_reduce
 
@@ -115,37 +150,60 @@ def train_with_hook(info: dph.DistInfo, hook, steps: int) -> tuple[list[float], 
             x, y = torch.randn(32, 10, generator=torch.Generator().manual_seed(step * 10 + info.rank)), None
             y = (x.sum(1, keepdim=True) > 0).float()
             opt.zero_grad()
-            loss = torch.nn.functional.binary_cross_entropy(model(x.to(info.device)), y.to(info.device))
+            with autocast(info.device, precision):  # the forward's matrix products in bf16/fp16
+                out = model(x.to(info.device))
+            loss = torch.nn.functional.binary_cross_entropy(out.float(), y.to(info.device))
             loss.backward()
             opt.step()
             losses.append(loss.item())
     finally:
         dist.all_reduce = real_all_reduce
-    return losses, {k: v.cpu().tolist() for k, v in model.module.state_dict().items()}, sent[0]
+    return {"losses": losses, "weights": {k: v.cpu().tolist() for k, v in model.module.state_dict().items()},
+            "bytes": sent[0], "grad_dtype": str(next(model.parameters()).grad.dtype)}
 
 
 def fp16(info: dph.DistInfo, steps: int = 30) -> dict:
     """The same training with DDP's default all-reduce and with fp16_compress_hook."""
+    return {name: train_with_hook(info, hook, steps) for name, hook in (("fp32", allreduce_hook),
+                                                                         ("fp16", fp16_compress_hook))}
+
+
+def precision(info: dph.DistInfo, steps: int = 5) -> dict:
+    """Bytes all-reduced: fp32, autocast bf16 (gradients stay fp32), autocast with a compression hook."""
+    runs = {"fp32": (allreduce_hook, "fp32"), "autocast bf16": (allreduce_hook, "bf16"),
+            "autocast bf16 + fp16_compress_hook": (fp16_compress_hook, "bf16"),
+            "autocast bf16 + bf16_compress_hook": (bf16_compress_hook, "bf16")}
     out = {}
-    for name, hook in (("fp32", allreduce_hook), ("fp16", fp16_compress_hook)):
-        losses, weights, sent = train_with_hook(info, hook, steps)
-        out[name] = {"losses": losses, "weights": weights, "bytes": sent}
+    for name, (hook, prec) in runs.items():
+        try:
+            out[name] = train_with_hook(info, hook, steps, prec)
+        except TypeError as exc:  # bf16_compress_hook refuses gloo: it needs NCCL (or XCCL)
+            out[name] = {"error": str(exc)}
     return out
+
+
+EXPERIMENTS = {
+    "timeline": lambda info, args: timeline(info, args.bucket_cap_mb),
+    "buckets": lambda info, args: buckets(info),
+    "sweep": lambda info, args: sweep(info, [None, *args.caps]),
+    "memory": lambda info, args: gradient_memory(info),
+    "fp16": lambda info, args: fp16(info),
+    "precision": lambda info, args: precision(info),
+}
 
 
 @record
 def main() -> None:
     """Run the chosen experiment on every rank; rank 0 writes <experiment>.json."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--experiment", choices=("timeline", "sweep", "fp16"), required=True)
-    parser.add_argument("--bucket-cap-mb", type=float, default=1.0)
-    parser.add_argument("--caps", type=float, nargs="+", default=[0.25, 1.0, 4.0, 25.0])
+    parser.add_argument("--experiment", choices=sorted(EXPERIMENTS), required=True)
+    parser.add_argument("--bucket-cap-mb", type=float, default=1.0, help="the timeline's bucket cap")
+    parser.add_argument("--caps", type=float, nargs="+", default=[0.25, 1.0, 4.0, 25.0],
+                        help="the sweep's caps, after torch's default")
     args = parser.parse_args()
     info = dph.setup()
     try:
-        run = {"timeline": lambda: timeline(info, args.bucket_cap_mb), "sweep": lambda: sweep(info, args.caps),
-               "fp16": lambda: fp16(info)}[args.experiment]
-        dph.gather_to_file(info, run(), f"{args.experiment}.json")
+        dph.gather_to_file(info, EXPERIMENTS[args.experiment](info, args), f"{args.experiment}.json")
     finally:
         dph.teardown()
 

@@ -19,28 +19,52 @@ from dp_helpers import dist as dph
 from dp_helpers.models import build_model
 
 
+def batch(rank: int, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank `rank`'s i-th small batch (the same on every call)."""
+    gen = torch.Generator().manual_seed(100 * rank + i)
+    return torch.randn(8, 10, generator=gen), torch.rand(8, 1, generator=gen)
+
+
 def train_batches(model, n_batches: int, info: dph.DistInfo) -> int:
     """Train on n_batches small batches; returns how many ran."""
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for i in range(n_batches):
-        gen = torch.Generator().manual_seed(100 * info.rank + i)
-        x, y = torch.randn(8, 10, generator=gen), torch.rand(8, 1, generator=gen)
+        x, y = batch(info.rank, i)
         opt.zero_grad()
         torch.nn.functional.binary_cross_entropy(model(x.to(info.device)), y.to(info.device)).backward()
         opt.step()
     return n_batches
 
 
+def batches_of(rank: int) -> int:
+    """Uneven inputs: rank r has 5 - 2 (r % 2) batches."""
+    return 5 - 2 * (rank % 2)
+
+
 def uneven(info: dph.DistInfo, join: bool) -> dict:
-    """Rank r has 5 - 2r batches; without Join the ranks that finish first wait at the next collective."""
-    model, n = DDP(build_model("linear", 10, seed=0).to(info.device)), 5 - 2 * (info.rank % 2)
+    """Without Join the ranks that finish first wait at the next collective; with it, everyone finishes."""
+    model = dph.wrap_ddp(build_model("linear", 10, seed=0).to(info.device), info)
     if join:
         with Join([model]):  # finished ranks shadow the others' all-reduces until everyone is done
-            done = train_batches(model, n, info)
+            done = train_batches(model, batches_of(info.rank), info)
     else:
-        done = train_batches(model, n, info)
+        done = train_batches(model, batches_of(info.rank), info)
     dist.barrier()  # e.g. before saving: the rank with fewer batches arrives here early
-    return {"batches": done}
+    weights = {k: v.cpu().tolist() for k, v in model.module.state_dict().items()}
+    return {"batches": done, "weights": weights, "replay": join_replay(info.world_size) if join else None}
+
+
+def join_replay(world_size: int) -> dict:
+    """One process replaying what Join computes: each step averages the gradients of the ranks still training, divided by the initial world size."""
+    model = build_model("linear", 10, seed=0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for i in range(max(map(batches_of, range(world_size)))):
+        opt.zero_grad()
+        for rank in (r for r in range(world_size) if i < batches_of(r)):  # a joined rank contributes zeros
+            x, y = batch(rank, i)
+            (torch.nn.functional.binary_cross_entropy(model(x), y) / world_size).backward()
+        opt.step()
+    return {k: v.tolist() for k, v in model.state_dict().items()}
 
 
 def rank0_collective(info: dph.DistInfo, fixed: bool) -> dict:
@@ -76,7 +100,7 @@ def unused_params(info: dph.DistInfo, fixed: bool) -> dict:
 
 def module_prefix(info: dph.DistInfo) -> dict:
     """Load the wrapper's state_dict into a plain model (fails), then model.module's (works)."""
-    model, plain = DDP(build_model("linear", 10, seed=0).to(info.device)), build_model("linear", 10, seed=1)
+    model, plain = dph.wrap_ddp(build_model("linear", 10, seed=0).to(info.device), info), build_model("linear", 10, seed=1)
     try:
         plain.load_state_dict(model.state_dict())
         error = ""

@@ -1,4 +1,4 @@
-"""The seed's DDP script fixed: launched by torchrun, device and backend derived, set_epoch, rank-0 output, teardown (notebook 03).
+"""The source article's DDP script fixed: torchrun, derived device and backend, one seeded dataset, set_epoch, the epoch's mean loss, teardown (notebook 03).
 
 Run it with run_ddp("dp_helpers.scripts.seed_torchrun", world_size=2) or
 python -m torch.distributed.run --standalone --nproc-per-node 2 -m dp_helpers.scripts.seed_torchrun
@@ -7,7 +7,6 @@ python -m torch.distributed.run --standalone --nproc-per-node 2 -m dp_helpers.sc
 import torch.nn as nn
 import torch.optim as optim
 from torch.distributed.elastic.multiprocessing.errors import record
-from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
@@ -18,11 +17,11 @@ from dp_helpers.models import build_model
 
 @record
 def train(epochs=10):
-    """The seed's training loop, one process per rank under torchrun."""
+    """The source article's training loop, one process per rank under torchrun."""
     info = dph.setup()
     try:
         model = build_model("linear", 10, seed=0).to(info.device)
-        model = DDP(model, device_ids=[info.device] if info.device.type != "cpu" else None)
+        model = dph.wrap_ddp(model, info)
         dataset = make_synthetic(100, 10, seed=0)
         sampler = DistributedSampler(dataset, num_replicas=info.world_size, rank=info.rank)
         data_loader = DataLoader(dataset, batch_size=10, sampler=sampler)
@@ -30,6 +29,7 @@ def train(epochs=10):
         criterion = nn.BCELoss()
         for epoch in range(epochs):
             sampler.set_epoch(epoch)
+            loss_sum, count = 0.0, 0
             for inputs, targets in data_loader:
                 inputs, targets = inputs.to(info.device), targets.to(info.device)
                 optimizer.zero_grad()
@@ -37,10 +37,12 @@ def train(epochs=10):
                 loss = criterion(outputs, targets.unsqueeze(1))
                 loss.backward()
                 optimizer.step()
-            dph.print0(info, f"epoch {epoch} loss {loss.item():.4f}")
+                loss_sum, count = loss_sum + loss.item() * len(inputs), count + len(inputs)
+            mean = dph.epoch_mean_loss(loss_sum, count, info)  # every rank: it is a collective
+            dph.print0(info, f"epoch {epoch} mean loss {mean:.4f}")
     finally:
         dph.teardown()
 
 
 if __name__ == "__main__":
-    train()
+    dph.exit_after(train)

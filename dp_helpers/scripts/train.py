@@ -31,13 +31,6 @@ from dp_helpers.models import build_model
 from dp_helpers.training import accumulate_step, make_optimizer
 
 
-def epoch_mean_loss(loss_sum: float, count: int, info: dph.DistInfo) -> float:
-    """The sample-weighted mean loss of this epoch over all ranks (one all-reduce, called by every rank)."""
-    totals = torch.tensor([loss_sum, float(count)], dtype=torch.float64, device=info.device)
-    dist.all_reduce(totals)
-    return (totals[0] / totals[1]).item()
-
-
 def counting_hook(state: dict, bucket):
     """DDP's default all-reduce, counting the buckets and bytes it sends."""
     state["allreduces"] += 1
@@ -56,7 +49,7 @@ def prepare_model(cfg: TrainConfig, info: dph.DistInfo):
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = model.to(info.device)
     if cfg.sync == "ddp":
-        return DDP(model, device_ids=[info.device] if info.device.type != "cpu" else None)
+        return dph.wrap_ddp(model, info)
     for p in model.parameters():
         dist.broadcast(p.data, src=0)  # what DDP's constructor does
     return model
@@ -136,7 +129,7 @@ def train(cfg: TrainConfig, out: Path, info: dph.DistInfo) -> dict:
         for epoch in range(first, last):
             sampler.set_epoch(epoch)  # without it every epoch repeats the same order
             step, loss_sum, count = run_epoch(epoch, step, model, loader, optimizer, writer, cfg, info)
-            losses.append(epoch_mean_loss(loss_sum, count, info))
+            losses.append(dph.epoch_mean_loss(loss_sum, count, info))
             dph.print0(info, f"epoch {epoch + 1}/{cfg.epochs}  loss={losses[-1]:.6f}  steps={step}")
             if cfg.checkpoint:
                 save_checkpoint(cfg.checkpoint, model, optimizer, epoch + 1, step, info)

@@ -1,0 +1,178 @@
+"""Checkers for the notebooks' exercises: each prints "correct" or the first case that differs, and returns True or False.
+
+An answer left as `...` (or a function that still raises NotImplementedError) is "not answered
+yet", never an error, so a notebook runs top to bottom before the learner has written anything.
+The solutions sit in hidden cells of each notebook; tests/test_exercises.py runs every checker
+against a right and a wrong answer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+
+import torch
+from torch import nn
+
+from .collectives import ring_schedule
+from .data import chunk_sizes, sampler_indices
+from .training import train_step
+
+# the value each numeric exercise expects, computed from the package (never typed in by hand)
+ANSWERS = {
+    "01 rows for 17 on 5": lambda: chunk_sizes(17, 5),
+    "01 devices with work for 9 on 8": lambda: len(chunk_sizes(9, 8)),
+    "01 repeated sample of 11 on 4": lambda: _repeat(sampler_indices(11, 4, shuffle=False)),
+    "02 bytes replicated for 1e6 on 4": lambda: (4 - 1) * 1_000_000 * 4,
+    "03 naive and ring MB for 100 MB on 8": lambda: {"ring": 2 * 7 / 8 * 100, "naive": 7 * 100},
+    "02 mean of shard means is the batch loss": lambda: _mean_of_means_is_batch_loss(),
+    "04 evaluated and repeated for 10 on 4": lambda: {"evaluated": sum(map(len, sampler_indices(10, 4, shuffle=False))),
+                                                   "twice": _repeat(sampler_indices(10, 4, shuffle=False))["samples"]},
+    "05 efficiency when t_comm grows": lambda: "lower",
+    "05 DataParallel emulation limit at f = 1/3": lambda: 1.5,
+}
+
+
+def _mean_of_means_is_batch_loss() -> bool:
+    """Whether averaging 8 per-shard mean losses of 30 rows gives the batch's mean loss."""
+    gen = torch.Generator().manual_seed(0)
+    p, y = torch.rand(30, 1, generator=gen), torch.rand(30, 1, generator=gen)
+    means = torch.stack([nn.functional.binary_cross_entropy(a, b) for a, b in zip(p.chunk(8), y.chunk(8), strict=False)])
+    return bool(torch.allclose(means.mean(), nn.functional.binary_cross_entropy(p, y)))
+
+
+def _repeat(table: list[list[int]]) -> dict:
+    """Which samples the sampler hands out twice in one epoch, and which ranks get them."""
+    flat = [(i, r) for r, idx in enumerate(table) for i in idx]
+    twice = sorted({i for i, _ in flat if sum(j == i for j, _ in flat) > 1})
+    return {"samples": twice, "ranks": sorted({r for i, r in flat if i in twice})}
+
+
+def _unanswered(value) -> bool:
+    """An answer the learner has not filled in yet."""
+    return value is Ellipsis or value is None
+
+
+def verdict(ok: bool, message: str) -> bool:
+    """Print one line that says correct or what differs; return ok."""
+    print(("correct: " if ok else "not yet: ") + message)
+    return ok
+
+
+def check_answer(key: str, answer) -> bool:
+    """A numeric or table answer against the package's own computation of it."""
+    if _unanswered(answer):
+        return verdict(False, "replace the ... with your answer and run the cell again.")
+    expected = ANSWERS[key]()
+    if answer == expected:
+        return verdict(True, f"{answer!r}")
+    return verdict(False, f"you answered {answer!r}; recheck the rule in this notebook and try again.")
+
+
+def compare_function(fn, reference, cases, describe) -> bool:
+    """Call fn and reference on every case; report the first case where they differ."""
+    for args in cases:
+        try:
+            got = fn(*args)
+        except NotImplementedError:
+            return verdict(False, "your function still raises NotImplementedError: write its body.")
+        if _unanswered(got):
+            return verdict(False, f"your function returned {got!r} for {describe(args)}: write its body.")
+        want = reference(*args)
+        if not _same(got, want):
+            return verdict(False, f"for {describe(args)} expected {want!r}, got {got!r}.")
+    return verdict(True, f"{len(cases)} cases agree with the reference.")
+
+
+def _same(got, want) -> bool:
+    """Equal values, comparing tensors element by element (lists of tensors too)."""
+    if isinstance(want, torch.Tensor):
+        return isinstance(got, torch.Tensor) and got.shape == want.shape and torch.equal(got, want)
+    if isinstance(want, (list, tuple)) and want and isinstance(want[0], torch.Tensor):
+        return isinstance(got, (list, tuple)) and len(got) == len(want) and all(map(_same, got, want))
+    return got == want
+
+
+def check_shard(fn) -> bool:
+    """Notebook 01: fn(samples, world_size, rank) -> the indices DistributedSampler(shuffle=False) gives rank."""
+    cases = [(n, w, r) for n in (1, 5, 10, 11, 12, 31) for w in (1, 2, 3, 4, 8) for r in range(w)]
+    return compare_function(fn, lambda n, w, r: sampler_indices(n, w, shuffle=False)[r], cases,
+                            lambda a: f"samples={a[0]}, world_size={a[1]}, rank={a[2]}")
+
+
+def check_scatter(fn) -> bool:
+    """Notebook 02: fn(batch, n_devices) -> the list of pieces DataParallel's scatter cuts along dim 0."""
+    cases = [(torch.arange(rows * 2).reshape(rows, 2), n) for rows in (1, 2, 7, 10, 30) for n in (1, 2, 3, 4, 8)]
+    return compare_function(fn, lambda x, n: list(x.chunk(n)), cases,
+                            lambda a: f"a batch of {len(a[0])} rows on {a[1]} devices")
+
+
+def check_ring_step(fn) -> bool:
+    """Notebook 03: fn(rank, step, world_size) -> (chunk sent, chunk received) in reduce-scatter step `step`."""
+    table = {(s.rank, s.step, w): (s.send, s.recv) for w in range(2, 9)
+             for s in ring_schedule(w) if s.phase == "reduce-scatter"}
+    return compare_function(fn, lambda r, s, w: table[(r, s, w)], sorted(table, key=lambda k: (k[2], k[1], k[0])),
+                            lambda a: f"rank={a[0]}, step={a[1]}, world_size={a[2]}")
+
+
+class RecordingNoSync:
+    """A stand-in for DDP's model.no_sync that records which forwards ran inside it."""
+
+    def __init__(self, model: nn.Module):
+        self.inside, self.forwards = False, []
+        model.register_forward_pre_hook(lambda module, args: self.forwards.append(self.inside))
+
+    @contextlib.contextmanager
+    def __call__(self):
+        self.inside = True
+        try:
+            yield
+        finally:
+            self.inside = False
+
+
+def _accumulation_problem(fn, k: int) -> str | None:
+    """What is wrong with fn as an accumulation step over k micro-batches, or None."""
+    gen = torch.Generator().manual_seed(k)
+    x, y = torch.randn(4 * k, 6, generator=gen), torch.rand(4 * k, generator=gen)
+    mine, ref = (nn.Sequential(nn.Linear(6, 1), nn.Sigmoid()) for _ in range(2))
+    ref.load_state_dict(mine.state_dict())
+    opt, ref_opt = torch.optim.SGD(mine.parameters(), lr=0.5), torch.optim.SGD(ref.parameters(), lr=0.5)
+    no_sync = RecordingNoSync(mine)
+    fn(mine, list(zip(x.chunk(k), y.chunk(k), strict=False)), opt, no_sync)
+    train_step(ref, x, y, ref_opt)
+    if no_sync.forwards != [True] * (k - 1) + [False]:
+        return f"with {k} micro-batches, forwards inside no_sync were {no_sync.forwards}; expected all but the last."
+    if not all(torch.allclose(a, b, atol=1e-6) for a, b in zip(mine.parameters(), ref.parameters(), strict=False)):
+        return f"with {k} micro-batches the weights differ from one step on the whole batch (divide each loss by k?)."
+    return None
+
+
+def check_accumulate(fn) -> bool:
+    """Notebook 04: fn(model, micro_batches, optimizer, no_sync) takes one step equal to one step on the whole batch."""
+    for k in (1, 2, 3, 5):
+        try:
+            problem = _accumulation_problem(fn, k)
+        except NotImplementedError:
+            return verdict(False, "your function still raises NotImplementedError: write its body.")
+        if problem:
+            return verdict(False, problem)
+    return verdict(True, "one optimizer step equal to the large batch, and only the last backward synchronises.")
+
+
+def naive_ring_time(bytes_: float, world_size: int, latency: float, bandwidth: float) -> float:
+    """The reference answer of notebook 05's exercise: W-1 hops, each a latency plus the whole tensor."""
+    return (world_size - 1) * (latency + bytes_ / bandwidth)
+
+
+def check_naive_ring_time(fn) -> bool:
+    """Notebook 05: fn(bytes, world_size, latency, bandwidth) -> the naive ring's alpha-beta time in seconds."""
+    cases = list(itertools.product((0, 4, 4e6, 1e9), (2, 3, 8), (0.0, 2e-5), (1e9, 25e9)))
+
+    def close(*args):
+        """Equal up to float rounding."""
+        got, want = fn(*args), naive_ring_time(*args)
+        return want if (isinstance(got, (int, float)) and abs(got - want) <= 1e-9 * max(1.0, want)) else got
+
+    return compare_function(close, naive_ring_time, cases,
+                            lambda a: f"bytes={a[0]:g}, world_size={a[1]}, latency={a[2]}, bandwidth={a[3]:g}")

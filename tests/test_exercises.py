@@ -1,0 +1,100 @@
+"""Every exercise checker says correct for the reference answer and not yet for a wrong or missing one."""
+
+import pytest
+import torch
+from torch import nn
+
+from dp_helpers import exercises as ex
+from dp_helpers.data import chunk_sizes
+
+RIGHT = {
+    "01 rows for 17 on 5": [4, 4, 4, 4, 1],
+    "01 devices with work for 9 on 8": 5,
+    "01 repeated sample of 11 on 4": {"samples": [0], "ranks": [0, 3]},
+    "02 bytes replicated for 1e6 on 4": 12_000_000,
+    "02 mean of shard means is the batch loss": False,
+    "03 naive and ring MB for 100 MB on 8": {"ring": 175.0, "naive": 700.0},
+    "04 evaluated and repeated for 10 on 4": {"evaluated": 12, "twice": [0, 1]},
+    "05 efficiency when t_comm grows": "lower",
+    "05 DataParallel emulation limit at f = 1/3": 1.5,
+}
+
+
+def test_every_numeric_exercise_has_a_tested_answer():
+    assert set(RIGHT) == set(ex.ANSWERS)
+
+
+@pytest.mark.parametrize("key", sorted(RIGHT))
+def test_check_answer_both_ways(key, capsys):
+    assert ex.check_answer(key, RIGHT[key]) is True
+    assert ex.check_answer(key, "something else") is False
+    assert ex.check_answer(key, ...) is False
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("correct") and out[1].startswith("not yet") and "replace the ..." in out[2]
+
+
+def shard(samples, world_size, rank):
+    padded = list(range(samples)) * (world_size // samples + 2)
+    total = -(-samples // world_size) * world_size
+    return padded[:total][rank::world_size]
+
+
+def scatter(batch, n):
+    rows = -(-len(batch) // n)
+    return [batch[i:i + rows] for i in range(0, len(batch), rows)]
+
+
+def ring_step(rank, step, world_size):
+    return (rank - step) % world_size, (rank - step - 1) % world_size
+
+
+def accumulate(model, micro_batches, optimizer, no_sync):
+    optimizer.zero_grad()
+    for j, (x, y) in enumerate(micro_batches):
+        context = no_sync() if j < len(micro_batches) - 1 else torch.enable_grad()
+        with context:
+            (nn.functional.binary_cross_entropy(model(x), y.unsqueeze(1)) / len(micro_batches)).backward()
+    optimizer.step()
+
+
+def accumulate_forward_outside(model, micro_batches, optimizer, no_sync):
+    optimizer.zero_grad()
+    for j, (x, y) in enumerate(micro_batches):
+        loss = nn.functional.binary_cross_entropy(model(x), y.unsqueeze(1)) / len(micro_batches)
+        with no_sync() if j < len(micro_batches) - 1 else torch.enable_grad():
+            loss.backward()  # DDP needs the forward inside no_sync too
+    optimizer.step()
+
+
+def accumulate_no_division(model, micro_batches, optimizer, no_sync):
+    optimizer.zero_grad()
+    for j, (x, y) in enumerate(micro_batches):
+        with no_sync() if j < len(micro_batches) - 1 else torch.enable_grad():
+            nn.functional.binary_cross_entropy(model(x), y.unsqueeze(1)).backward()
+    optimizer.step()
+
+
+def not_written(*args):
+    raise NotImplementedError
+
+
+@pytest.mark.parametrize("checker, right, wrong, words", [
+    (ex.check_shard, shard, lambda n, w, r: list(range(r, n, w)), "expected"),
+    (ex.check_scatter, scatter, lambda x, n: list(x.tensor_split(n)), "expected"),
+    (ex.check_ring_step, ring_step, lambda r, s, w: ((r + s) % w, (r + s + 1) % w), "expected"),
+    (ex.check_accumulate, accumulate, accumulate_forward_outside, "inside no_sync"),
+    (ex.check_accumulate, accumulate, accumulate_no_division, "divide each loss by k"),
+    (ex.check_naive_ring_time, ex.naive_ring_time, lambda b, w, a, bw: 2 * (w - 1) * (a + b / w / bw), "expected"),
+])
+def test_function_checkers_both_ways(checker, right, wrong, words, capsys):
+    assert checker(right) is True
+    assert checker(wrong) is False
+    assert checker(not_written) is False
+    assert checker(lambda *args: ...) is False
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("correct") and words in out[1] and "NotImplementedError" in out[2]
+    assert "write its body" in out[3] or "divide" in out[3] or "inside no_sync" in out[3]
+
+
+def test_scatter_reference_is_the_chunk_rule():
+    assert [len(p) for p in scatter(torch.arange(10), 8)] == chunk_sizes(10, 8)
