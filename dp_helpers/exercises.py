@@ -1,6 +1,6 @@
-"""Checkers for the notebooks' exercises: each prints "correct" or the first case that differs, and returns True or False.
+"""Checkers for the notebooks' exercises: each prints "correct" or the first case that differs.
 
-An answer left as `...` (or a function that still raises NotImplementedError) is "not answered
+Every checker prints one line and returns a Verdict, true when correct. An answer left as `...` (or a function that still raises NotImplementedError) is "not answered
 yet", never an error, so a notebook runs top to bottom before the learner has written anything.
 The solutions sit in hidden cells of each notebook; tests/test_exercises.py runs every checker
 against a right and a wrong answer.
@@ -49,17 +49,35 @@ def _repeat(table: list[list[int]]) -> dict:
 
 
 def _unanswered(value) -> bool:
-    """An answer the learner has not filled in yet."""
+    """An answer the learner has not filled in yet (a `...` left anywhere in it)."""
+    if isinstance(value, dict):
+        return any(map(_unanswered, value.values()))
     return value is Ellipsis or value is None
 
 
-def verdict(ok: bool, message: str) -> bool:
-    """Print one line that says correct or what differs; return ok."""
+class Verdict:
+    """A checker's result: true when correct; Jupyter shows nothing more, the line is already printed."""
+
+    def __init__(self, ok: bool):
+        self.ok = ok
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def __repr__(self) -> str:
+        return f"Verdict({'correct' if self.ok else 'not yet'})"
+
+    def _ipython_display_(self) -> None:
+        """Nothing to add to the printed line."""
+
+
+def verdict(ok: bool, message: str) -> Verdict:
+    """Print one line that says correct or what differs; return a Verdict that is true when correct."""
     print(("correct: " if ok else "not yet: ") + message)
-    return ok
+    return Verdict(ok)
 
 
-def check_answer(key: str, answer) -> bool:
+def check_answer(key: str, answer) -> Verdict:
     """A numeric or table answer against the package's own computation of it."""
     if _unanswered(answer):
         return verdict(False, "replace the ... with your answer and run the cell again.")
@@ -69,7 +87,7 @@ def check_answer(key: str, answer) -> bool:
     return verdict(False, f"you answered {answer!r}; recheck the rule in this notebook and try again.")
 
 
-def compare_function(fn, reference, cases, describe) -> bool:
+def compare_function(fn, reference, cases, describe) -> Verdict:
     """Call fn and reference on every case; report the first case where they differ."""
     for args in cases:
         try:
@@ -93,21 +111,21 @@ def _same(got, want) -> bool:
     return got == want
 
 
-def check_shard(fn) -> bool:
+def check_shard(fn) -> Verdict:
     """Notebook 01: fn(samples, world_size, rank) -> the indices DistributedSampler(shuffle=False) gives rank."""
     cases = [(n, w, r) for n in (1, 5, 10, 11, 12, 31) for w in (1, 2, 3, 4, 8) for r in range(w)]
     return compare_function(fn, lambda n, w, r: sampler_indices(n, w, shuffle=False)[r], cases,
                             lambda a: f"samples={a[0]}, world_size={a[1]}, rank={a[2]}")
 
 
-def check_scatter(fn) -> bool:
+def check_scatter(fn) -> Verdict:
     """Notebook 02: fn(batch, n_devices) -> the list of pieces DataParallel's scatter cuts along dim 0."""
     cases = [(torch.arange(rows * 2).reshape(rows, 2), n) for rows in (1, 2, 7, 10, 30) for n in (1, 2, 3, 4, 8)]
     return compare_function(fn, lambda x, n: list(x.chunk(n)), cases,
                             lambda a: f"a batch of {len(a[0])} rows on {a[1]} devices")
 
 
-def check_ring_step(fn) -> bool:
+def check_ring_step(fn) -> Verdict:
     """Notebook 03: fn(rank, step, world_size) -> (chunk sent, chunk received) in reduce-scatter step `step`."""
     table = {(s.rank, s.step, w): (s.send, s.recv) for w in range(2, 9)
              for s in ring_schedule(w) if s.phase == "reduce-scatter"}
@@ -148,7 +166,7 @@ def _accumulation_problem(fn, k: int) -> str | None:
     return None
 
 
-def check_accumulate(fn) -> bool:
+def check_accumulate(fn) -> Verdict:
     """Notebook 04: fn(model, micro_batches, optimizer, no_sync) takes one step equal to one step on the whole batch."""
     for k in (1, 2, 3, 5):
         try:
@@ -165,7 +183,7 @@ def naive_ring_time(bytes_: float, world_size: int, latency: float, bandwidth: f
     return (world_size - 1) * (latency + bytes_ / bandwidth)
 
 
-def check_naive_ring_time(fn) -> bool:
+def check_naive_ring_time(fn) -> Verdict:
     """Notebook 05: fn(bytes, world_size, latency, bandwidth) -> the naive ring's alpha-beta time in seconds."""
     cases = list(itertools.product((0, 4, 4e6, 1e9), (2, 3, 8), (0.0, 2e-5), (1e9, 25e9)))
 

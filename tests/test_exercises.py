@@ -26,11 +26,21 @@ def test_every_numeric_exercise_has_a_tested_answer():
 
 @pytest.mark.parametrize("key", sorted(RIGHT))
 def test_check_answer_both_ways(key, capsys):
-    assert ex.check_answer(key, RIGHT[key]) is True
-    assert ex.check_answer(key, "something else") is False
-    assert ex.check_answer(key, ...) is False
+    assert ex.check_answer(key, RIGHT[key])
+    assert not ex.check_answer(key, "something else")
+    assert not ex.check_answer(key, ...)
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("correct") and out[1].startswith("not yet") and "replace the ..." in out[2]
+
+
+def test_a_dict_with_a_blank_is_unanswered(capsys):
+    assert not ex.check_answer("01 repeated sample of 11 on 4", {"samples": [0], "ranks": ...})
+    assert "replace the ..." in capsys.readouterr().out
+
+
+def test_verdict_is_truthy_and_adds_nothing_to_the_printed_line():
+    assert ex.Verdict(True) and not ex.Verdict(False)
+    assert ex.Verdict(True)._ipython_display_() is None and repr(ex.Verdict(False)) == "Verdict(not yet)"
 
 
 def shard(samples, world_size, rank):
@@ -87,10 +97,10 @@ def not_written(*args):
     (ex.check_naive_ring_time, ex.naive_ring_time, lambda b, w, a, bw: 2 * (w - 1) * (a + b / w / bw), "expected"),
 ])
 def test_function_checkers_both_ways(checker, right, wrong, words, capsys):
-    assert checker(right) is True
-    assert checker(wrong) is False
-    assert checker(not_written) is False
-    assert checker(lambda *args: ...) is False
+    assert checker(right)
+    assert not checker(wrong)
+    assert not checker(not_written)
+    assert not checker(lambda *args: ...)
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("correct") and words in out[1] and "NotImplementedError" in out[2]
     assert "write its body" in out[3] or "divide" in out[3] or "inside no_sync" in out[3]

@@ -56,7 +56,9 @@ def execute(path: Path, timeout: int = 1200) -> None:
     from nbclient import NotebookClient
 
     nb = nbformat.read(path, as_version=4)
-    NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    # the kernel's own start-up warnings (ipykernel >= 7 logs one about TCP transport) stay out of the cells
+    NotebookClient(nb, timeout=timeout, kernel_name="python3", extra_arguments=["--IPKernelApp.log_level=ERROR"],
+                   resources={"metadata": {"path": str(path.parent)}}).execute()
     strip_volatile(nb)
     nbformat.write(nb, path)
 
