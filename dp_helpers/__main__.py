@@ -17,7 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The CLI's parser with its two commands."""
     parser = argparse.ArgumentParser(prog="python -m dp_helpers", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    train = sub.add_parser("train", help="train the seed's problem with DDP and write a run folder")
+    train = sub.add_parser("train", help="train the source article's problem with DDP and write a run folder")
     train.add_argument("--world-size", type=int, default=None,
                        help="processes (default: one per GPU with >= 2 GPUs, else 2 CPU processes)")
     train.add_argument("--backend", choices=BACKENDS, default="auto", help="process-group backend")

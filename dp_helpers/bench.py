@@ -179,13 +179,13 @@ def wall(cmd: list[str]) -> float:
 
 
 def overhead(tmp: Path, repeats: int = 1) -> dict:
-    """`python -m dp_helpers train` against bare torchrun running the same training (the seed's loop, fixed); medians."""
+    """`python -m dp_helpers train` against bare torchrun running the same training (the source article's loop, fixed); medians."""
     ours, bare = [], []
     for i in range(repeats):  # alternate the two, so a noisy moment hits both
         ours.append(wall([sys.executable, "-m", "dp_helpers", "train", "--world-size", "2", "--backend", "gloo",
                           "--out", str(tmp / f"overhead{i}")]))
         bare.append(wall([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                          "-m", "dp_helpers.scripts.seed_torchrun"]))
+                          "-m", "dp_helpers.scripts.article_torchrun"]))
     ours_s, bare_s = statistics.median(ours), statistics.median(bare)
     return {"dp_helpers_train_s": ours_s, "bare_torchrun_s": bare_s, "ratio": ours_s / bare_s, "repeats": repeats}
 

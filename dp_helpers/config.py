@@ -15,7 +15,7 @@ BN_SYNCS = ("none", "allreduce", "syncbn")
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """What the `train` job trains; the defaults reproduce the seed's problem."""
+    """What the `train` job trains; the defaults reproduce the source article's problem."""
 
     epochs: int = 10
     batch_size: int = 10  # per process (micro_batch_size); global_batch_size = world_size * batch_size
@@ -99,7 +99,7 @@ def add_train_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", type=int, default=d.samples, help="synthetic samples")
     parser.add_argument("--dim", type=int, default=d.dim, help="features per sample")
     parser.add_argument("--seed", type=int, default=d.seed, help="seeds data, weights and shuffling")
-    parser.add_argument("--model", choices=MODELS, default=d.model, help="linear (the seed's) or mlp")
+    parser.add_argument("--model", choices=MODELS, default=d.model, help="linear (the source article's) or mlp")
     parser.add_argument("--sync", choices=SYNCS, default=d.sync,
                         help="ddp: DistributedDataParallel; manual: all_reduce the gradients by hand")
     parser.add_argument("--check-grads", action=argparse.BooleanOptionalAction, default=d.check_grads,

@@ -1,4 +1,4 @@
-"""The seed's dataset, synthetic data whose labels depend on the features, and the sampler arithmetic (taught in notebook 01)."""
+"""The source article's dataset, synthetic data whose labels depend on the features, and the sampler arithmetic (taught in notebook 01)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from .config import ShardPlan, shard_plan  # noqa: F401 - the sampler arithmetic
 
 
 class SimpleDataset(Dataset):
-    """The seed's dataset: pairs of feature rows and targets."""
+    """The source article's dataset: pairs of feature rows and targets."""
 
     def __init__(self, data: torch.Tensor, target: torch.Tensor):
         if len(data) != len(target):

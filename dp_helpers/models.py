@@ -1,4 +1,4 @@
-"""The seed's SimpleModel and a small MLP, both ending in a sigmoid for BCE (used by every notebook)."""
+"""The source article's SimpleModel and a small MLP, both ending in a sigmoid for BCE (used by every notebook)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from .config import MODELS
 
 
 class SimpleModel(nn.Module):
-    """The seed's model: one linear layer and a sigmoid."""
+    """The source article's model: one linear layer and a sigmoid."""
 
     def __init__(self, input_dim: int):
         super().__init__()

@@ -11,7 +11,7 @@ PRECISIONS = ("fp32", "fp16", "bf16")
 
 
 def make_optimizer(model: nn.Module, lr: float, momentum: float = 0.0) -> torch.optim.Optimizer:
-    """SGD, plain as in the seed unless momentum > 0 (then the optimizer has state a checkpoint must keep)."""
+    """SGD, plain as in the source article unless momentum > 0 (then the optimizer has state a checkpoint must keep)."""
     return torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
 
 

@@ -115,8 +115,8 @@ def test_identical_gradient_check_can_fail(write_script, tmp_path):
         run_ddp(script, world_size=2, out_dir=tmp_path / "run", timeout=120, echo=False)
 
 
-def test_the_seeds_script_fails_without_a_rendezvous(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "dp_helpers.scripts.seed_spawn"], capture_output=True, text=True,
+def test_the_source_articles_script_fails_without_a_rendezvous(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "dp_helpers.scripts.article_spawn"], capture_output=True, text=True,
                           timeout=300, cwd=tmp_path, env={k: v for k, v in __import__("os").environ.items()
                                                           if k not in ("MASTER_ADDR", "MASTER_PORT")})
     assert proc.returncode != 0

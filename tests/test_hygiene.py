@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-# the seed's script as the seed wrote it, kept to be run and seen failing (notebook 03), and the
+# the source article's script as the article wrote it, kept to be run and seen failing (notebook 03), and the
 # helper that shows mp.spawn failing in a kernel: both break the rules on purpose
-ON_PURPOSE = {"seed_spawn.py", "pitfalls.py"}
+ON_PURPOSE = {"article_spawn.py", "pitfalls.py"}
 CODE = sorted(p for p in (REPO / "dp_helpers").rglob("*.py") if p.name not in ON_PURPOSE)
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 
 
 def notebook_code(path: Path) -> str:
-    """A notebook's code cells without comments (prose may quote the seed's hard-coded devices)."""
+    """A notebook's code cells without comments (prose may quote the source article's hard-coded devices)."""
     import nbformat
 
     cells = [c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]

@@ -1,7 +1,7 @@
 """The source article's DDP script fixed: torchrun, derived device and backend, one seeded dataset, set_epoch, the epoch's mean loss, teardown (notebook 03).
 
-Run it with run_ddp("dp_helpers.scripts.seed_torchrun", world_size=2) or
-python -m torch.distributed.run --standalone --nproc-per-node 2 -m dp_helpers.scripts.seed_torchrun
+Run it with run_ddp("dp_helpers.scripts.article_torchrun", world_size=2) or
+python -m torch.distributed.run --standalone --nproc-per-node 2 -m dp_helpers.scripts.article_torchrun
 """
 
 import torch.nn as nn

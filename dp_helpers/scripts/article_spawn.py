@@ -1,6 +1,6 @@
-"""The seed's DDP script as the seed wrote it (mp.spawn, nccl and CUDA hard-coded, no set_epoch): kept to be run and seen failing.
+"""The source article's DDP script as the article wrote it (mp.spawn, nccl and CUDA hard-coded, no set_epoch): kept to be run and seen failing.
 
-Notebook 03 runs it in a subprocess and shows its diff against seed_torchrun.py, which fixes every bug.
+Notebook 03 runs it in a subprocess and shows its diff against article_torchrun.py, which fixes every bug.
 """
 
 import torch
