@@ -63,3 +63,14 @@ def test_save_loss_figure_opens_no_pyplot_figure(tmp_path):
     path = save_loss_figure(run, tmp_path / "loss.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert plt.get_fignums() == before
+
+
+def test_bucket_sweep_labels_the_default_cap():
+    from dp_helpers.plotting import plot_bucket_sweep
+
+    rows = [{"bucket_cap_mb": None, "allreduces_per_step": 2.0, "step_seconds": 0.03},
+            {"bucket_cap_mb": 0.25, "allreduces_per_step": 6.0, "step_seconds": 0.02}]
+    ax = plot_bucket_sweep(rows)
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["default", "0.25"]
+    assert [p.get_height() for p in ax.patches] == [2.0, 6.0]
+    plt.close("all")

@@ -106,18 +106,27 @@ def test_padded_evaluation_is_skewed_and_exact_sums_are_not(tmp_path):
 
 
 def test_ddp_internals(tmp_path):
-    for exp in ("timeline", "sweep", "fp16"):
-        run_ddp("dp_helpers.scripts.ddp_internals", "--experiment", exp, world_size=2, out_dir=tmp_path / exp,
-                timeout=300, echo=False)
-    events = json.loads((tmp_path / "timeline" / "timeline.json").read_text())[0]
+    exps = ("timeline", "buckets", "sweep", "memory", "fp16", "precision")
+    run_ddp("dp_helpers.scripts.ddp_internals", "--experiment", *exps, "--caps", "1", "25", world_size=2,
+            out_dir=tmp_path, timeout=300, echo=False)
+    got = {exp: json.loads((tmp_path / f"{exp}.json").read_text())[0] for exp in exps}
+    events = got["timeline"]
     first_allreduce = min(e["start"] for e in events if e["kind"] == "all-reduce")
     last_ready = max(e["start"] for e in events if e["kind"] == "gradient ready")
     assert first_allreduce < last_ready  # communication starts while the backward is still computing
-    rows = json.loads((tmp_path / "sweep" / "sweep.json").read_text())[0]
-    calls = [r["allreduces_per_step"] for r in rows if not r["gradient_as_bucket_view"]]
-    assert calls == sorted(calls, reverse=True) and calls[-1] == 1.0  # bigger buckets, fewer all-reduces
-    fp16 = json.loads((tmp_path / "fp16" / "fp16.json").read_text())[0]
-    assert fp16["fp16"]["bytes"] * 2 == fp16["fp32"]["bytes"]
+    buckets = {r["setting"]: r["bucket_bytes_per_step"] for r in got["buckets"]}
+    total = sum(buckets["default"][0])
+    assert all(len(b[0]) == 1 for name, b in buckets.items() if name != "find_unused_parameters")  # step 0: one bucket
+    assert buckets["default"][1][0] <= 1.1 * 2**20 and len(buckets["default"][1]) == 2  # rebuilt: a small first bucket
+    assert buckets["bucket_cap_mb=25"][1] == [total] and buckets["bucket_cap_mb=1"][1] == buckets["bucket_cap_mb=0.25"][1]
+    assert len(buckets["find_unused_parameters"][0]) > 1 and buckets["find_unused_parameters"][0] == buckets["find_unused_parameters"][2]
+    assert [r["allreduces_per_step"] for r in got["sweep"]] == [2.0, 6.0, 1.0]  # default, 1 MiB, 25 MiB
+    plain, view = got["memory"]
+    assert plain["bytes_held"] == 2 * plain["parameter_bytes"] and view["bytes_held"] == view["parameter_bytes"]
+    assert got["fp16"]["fp16"]["bytes"] * 2 == got["fp16"]["fp32"]["bytes"]
+    prec = got["precision"]
+    assert prec["autocast bf16"]["bytes"] == prec["fp32"]["bytes"] == 2 * prec["autocast bf16 + fp16_compress_hook"]["bytes"]
+    assert prec["autocast bf16"]["grad_dtype"] == "torch.float32"
 
 
 def test_fixed_port_in_use_message():

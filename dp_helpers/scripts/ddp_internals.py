@@ -194,16 +194,17 @@ EXPERIMENTS = {
 
 @record
 def main() -> None:
-    """Run the chosen experiment on every rank; rank 0 writes <experiment>.json."""
+    """Run the chosen experiments on every rank; rank 0 writes <experiment>.json for each."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--experiment", choices=sorted(EXPERIMENTS), required=True)
+    parser.add_argument("--experiment", choices=sorted(EXPERIMENTS), nargs="+", required=True)
     parser.add_argument("--bucket-cap-mb", type=float, default=1.0, help="the timeline's bucket cap")
     parser.add_argument("--caps", type=float, nargs="+", default=[0.25, 1.0, 4.0, 25.0],
                         help="the sweep's caps, after torch's default")
     args = parser.parse_args()
     info = dph.setup()
     try:
-        dph.gather_to_file(info, EXPERIMENTS[args.experiment](info, args), f"{args.experiment}.json")
+        for name in args.experiment:  # several in one launch: the process start-up is paid once
+            dph.gather_to_file(info, EXPERIMENTS[name](info, args), f"{name}.json")
     finally:
         dph.teardown()
 
