@@ -6,7 +6,7 @@ import pytest
 from tools import notebooks as nbtools
 
 
-def make_notebook(path, counts=(1, 2), error=False, headings=nbtools.SKELETON):
+def make_notebook(path, counts=(1, 2), error=False, headings=nbtools.SKELETON, widget=False):
     cells = [nbformat.v4.new_markdown_cell("# Title\nsubtitle"),
              nbformat.v4.new_markdown_cell("\n".join(f"## {h}" for h in headings))]
     for n in counts:
@@ -15,6 +15,9 @@ def make_notebook(path, counts=(1, 2), error=False, headings=nbtools.SKELETON):
         cells.append(cell)
     if error:
         cells[-1].outputs = [nbformat.v4.new_output("error", ename="ValueError", evalue="x", traceback=[])]
+    if widget:
+        cells[-1].outputs = [nbformat.v4.new_output("display_data", data={
+            "text/plain": "bench:   0%|", nbtools.WIDGET_VIEW: {"model_id": "x", "version_major": 2, "version_minor": 0}})]
     nbformat.write(nbformat.v4.new_notebook(cells=cells), path)
     return path
 
@@ -27,6 +30,7 @@ def test_clean_notebook_passes(tmp_path):
     ({"counts": (1, 3)}, "not one clean run 1..2"),
     ({"counts": (None, None)}, "not one clean run"),
     ({"error": True}, "error outputs in code cells [2]"),
+    ({"widget": True}, "widget outputs (frozen at their first frame) in code cells [2]"),
     ({"headings": ("What you'll learn", "Exercises")}, "no 'Takeaways' section"),
 ])
 def test_problems_are_named(tmp_path, kwargs, words):
@@ -45,3 +49,9 @@ def test_execute_writes_a_clean_run(tmp_path):
     path = make_notebook(tmp_path / "01_a.ipynb", counts=(7, 3))
     nbtools.execute(path, timeout=120)
     assert nbtools.problems(path) == []
+
+
+def test_strip_volatile_drops_widget_outputs(tmp_path):
+    nb = nbformat.read(make_notebook(tmp_path / "01_a.ipynb", widget=True), as_version=4)
+    nbtools.strip_volatile(nb)
+    assert nb.cells[-1].outputs == []

@@ -32,6 +32,9 @@ def problems(path: Path) -> list[str]:
     errors = [i for i, c in enumerate(code, 1) if any(o.output_type == "error" for o in c.outputs)]
     if errors:
         found.append(f"error outputs in code cells {errors}")
+    widgets = [i for i, c in enumerate(code, 1) if any(WIDGET_VIEW in o.get("data", {}) for o in c.outputs)]
+    if widgets:
+        found.append(f"widget outputs (frozen at their first frame) in code cells {widgets}")
     if path.stat().st_size > MAX_BYTES:
         found.append(f"{path.stat().st_size // 1000} kB, over the {MAX_BYTES // 1_000_000} MB limit")
     first = nb.cells[0].source if nb.cells else ""
@@ -42,13 +45,18 @@ def problems(path: Path) -> list[str]:
     return found
 
 
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
 def strip_volatile(nb) -> None:
-    """Drop metadata that changes on every run (timings, widget state)."""
+    """Drop what changes on every run (timings, widget state) and live widgets, whose saved text is their first frame."""
     for key in VOLATILE_NB:
         nb.metadata.pop(key, None)
     for cell in nb.cells:
         for key in VOLATILE_CELL:
             cell.metadata.pop(key, None)
+        if cell.cell_type == "code":  # a progress bar saved as a widget shows "0%" forever on GitHub
+            cell.outputs = [o for o in cell.outputs if WIDGET_VIEW not in o.get("data", {})]
 
 
 def execute(path: Path, timeout: int = 1200) -> None:

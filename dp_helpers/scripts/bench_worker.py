@@ -10,7 +10,6 @@ from functools import partial
 import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dp_helpers import dist as dph
 from dp_helpers.collectives import ring_all_reduce
@@ -80,7 +79,7 @@ def train_mode(args, info: dph.DistInfo) -> dict:
     """Per batch size: a model training alone ("independent") and, with --ddp, a DDP model, in the same processes."""
     models = {"independent": bench_model(args, info)}  # never communicates: the machine's ceiling
     if args.ddp:
-        models["ddp"] = DDP(bench_model(args, info), device_ids=[info.device] if info.device.type != "cpu" else None)
+        models["ddp"] = dph.wrap_ddp(bench_model(args, info), info)
     return by_model({b: throughputs(models, b, args, info) for b in args.batches})
 
 
