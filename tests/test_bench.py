@@ -27,8 +27,10 @@ def test_quick_config_is_smaller():
 
 
 def test_bench_quick_writes_the_documented_fields(tmp_path):
+    # a tiny model: this test checks the fields; notebook 05 runs the real --quick benchmark
     proc = subprocess.run([sys.executable, "-m", "dp_helpers", "bench", "--quick", "--world-sizes", "1", "2",
-                           "--no-overhead", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+                           "--no-overhead", "--hidden", "32", "--depth", "2", "--batches", "16", "64",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads((tmp_path / "bench.json").read_text())
     assert set(result) >= {"config", "machine", "throughput", "speedup", "ceiling_speedup", "efficiency",

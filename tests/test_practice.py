@@ -61,30 +61,44 @@ def test_resume_equals_an_uninterrupted_run(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("ckpt")) == ["ckpt.pt"]  # no .tmp left
 
 
-def test_uneven_inputs_time_out_and_join_fixes_them(tmp_path):
+FIXES = ("uneven-join", "rank0-fixed", "unused-params-fixed", "module-prefix")
+
+
+@pytest.fixture(scope="module")
+def fixed(tmp_path_factory):
+    """The cases that must run, all in one launch; each case's per-rank list by name."""
+    out = tmp_path_factory.mktemp("fixed")
+    run = run_ddp("dp_helpers.scripts.pitfall_runs", "--case", *FIXES, world_size=2, out_dir=out, timeout=120, echo=False)
+    return {name: json.loads((run.run_dir / f"{name}.json").read_text()) for name in FIXES}
+
+
+def test_uneven_inputs_time_out_and_join_fixes_them(tmp_path, fixed):
     start = time.monotonic()
     with pytest.raises(DistributedRunError, match="Timed out"):
         case(tmp_path, "uneven")
     assert time.monotonic() - start < 30
-    assert case(tmp_path, "uneven-join")["batches"] == 5
+    zero, one = fixed["uneven-join"]
+    assert (zero["batches"], one["batches"]) == (5, 3)  # with Join every rank finishes
+    assert zero["weights"] == one["weights"]  # with one model
+    torch.testing.assert_close(zero["weights"], zero["replay"])  # the one-process replay of Join's averaging
 
 
-def test_collective_inside_rank_0_times_out_and_the_fix_runs(tmp_path):
+def test_collective_inside_rank_0_times_out_and_the_fix_runs(tmp_path, fixed):
     start = time.monotonic()
     with pytest.raises(DistributedRunError, match="Timed out"):
         case(tmp_path, "rank0-collective")
     assert time.monotonic() - start < 30
-    assert case(tmp_path, "rank0-fixed")["metric"] == 1.0  # 0 + 1
+    assert [r["metric"] for r in fixed["rank0-fixed"]] == [1.0, 1.0]  # 0 + 1, on every rank
 
 
-def test_unused_parameters_error_and_fix(tmp_path):
+def test_unused_parameters_error_and_fix(tmp_path, fixed):
     with pytest.raises(DistributedRunError, match="Expected to have finished reduction in the prior iteration"):
         case(tmp_path, "unused-params")
-    assert case(tmp_path, "unused-params-fixed")["batches"] == 3
+    assert fixed["unused-params-fixed"][0]["batches"] == 3
 
 
-def test_module_prefix(tmp_path):
-    found = case(tmp_path, "module-prefix")
+def test_module_prefix(fixed):
+    found = fixed["module-prefix"][0]
     assert found["wrapper_keys"] == ["module.fc.weight", "module.fc.bias"]
     assert 'Unexpected key(s) in state_dict: "module.fc.weight"' in found["error"]
     assert found["module_keys"] == ["fc.weight", "fc.bias"]

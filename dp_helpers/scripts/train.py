@@ -51,7 +51,7 @@ def prepare_model(cfg: TrainConfig, info: dph.DistInfo):
     if cfg.sync == "ddp":
         return dph.wrap_ddp(model, info)
     for p in model.parameters():
-        dist.broadcast(p.data, src=0)  # what DDP's constructor does
+        dist.broadcast(p.data, src=0)  # rank 0's parameters everywhere, as DDP's constructor makes them
     return model
 
 
