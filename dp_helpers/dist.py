@@ -107,8 +107,9 @@ def wrap_ddp(model: torch.nn.Module, info: DistInfo, bucket_cap_mb: float | None
         **({} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}),
         # True: each .grad is a view into its bucket, so gradients are stored once instead of twice
         gradient_as_bucket_view=gradient_as_bucket_view,
-        # buffers (BatchNorm's running statistics) keep the default: rank 0's are broadcast before every
-        # forward; torch 2.13 renamed that switch broadcast_buffers -> forward_sync_buffers
+        # buffers (BatchNorm's running statistics) keep the default: rank 0's are broadcast before a forward,
+        # unless the previous forward ran under no_sync() or no_grad(); torch 2.13 deprecates that switch's
+        # old name, broadcast_buffers, for forward_sync_buffers
     )
 
 

@@ -83,7 +83,7 @@ def check_answer(key: str, answer) -> Verdict:
         return verdict(False, "replace the ... with your answer and run the cell again.")
     expected = ANSWERS[key]()
     if answer == expected:
-        return verdict(True, f"{answer!r}")
+        return verdict(True, "that is what this notebook's rules give.")
     return verdict(False, f"you answered {answer!r}; recheck the rule in this notebook and try again.")
 
 

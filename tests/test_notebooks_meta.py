@@ -52,6 +52,18 @@ def test_at_least_five_checks(path):
     assert len(re.findall(r"^\s*assert |assert_close\(", source, re.M)) >= 5
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_exercises_hide_their_solutions_and_one_asks_for_code(path):
+    cells = code_cells(path)
+    hidden = [c for c in cells if c.metadata.get("jupyter", {}).get("source_hidden")]
+    assert hidden and all(c.metadata["jupyter"].get("outputs_hidden") for c in hidden)
+    # JupyterLab shows a collapsed cell's first line, Colab a form's title: neither may give the answer away
+    assert all(c.source.startswith("# @title Solution") and c.metadata.get("cellView") == "form" for c in hidden)
+    asks = [i for i, c in enumerate(cells) if re.search(r"^check_\w+\(", c.source, re.M) and c not in hidden]
+    assert asks and all(cells[i + 1] in hidden for i in asks)  # every exercise is followed by its solution
+    assert any("raise NotImplementedError" in cells[i].source for i in asks)  # at least one asks for code
+
+
 def exported_names() -> set[str]:
     names = set()
     for mod in pkgutil.walk_packages(dp_helpers.__path__, "dp_helpers."):
