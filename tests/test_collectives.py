@@ -150,3 +150,14 @@ def test_ring_on_a_non_contiguous_tensor(write_script, tmp_path):
         """)
     result = run_ddp(script, world_size=3, out_dir=tmp_path / "run", timeout=120, echo=False)
     assert result.log.count("] ok") == 3
+
+
+def test_the_fixed_article_script_logs_the_epochs_mean_loss(tmp_path):
+    from dp_helpers.config import TrainConfig
+    from dp_helpers.reference import train_reference
+
+    run = run_ddp("dp_helpers.scripts.article_torchrun", world_size=2, out_dir=tmp_path / "run", timeout=120, echo=False)
+    logged = [float(ln.split()[-1]) for ln in run.log.splitlines() if " mean loss " in ln]
+    steps = torch.tensor(train_reference(TrainConfig(), world_size=2).losses).view(10, 5)  # global batch 20
+    torch.testing.assert_close(torch.tensor(logged), steps.mean(1), atol=6e-5, rtol=0)  # printed with 4 decimals
+    assert all(ln.startswith("[rank 0/2]") for ln in run.log.splitlines() if " mean loss " in ln)
