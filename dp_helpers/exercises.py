@@ -161,7 +161,7 @@ def _accumulation_problem(fn, k: int) -> str | None:
     train_step(ref, x, y, ref_opt)
     if no_sync.forwards != [True] * (k - 1) + [False]:
         return f"with {k} micro-batches, forwards inside no_sync were {no_sync.forwards}; expected all but the last."
-    if not all(torch.allclose(a, b, atol=1e-6) for a, b in zip(mine.parameters(), ref.parameters(), strict=False)):
+    if not all(torch.allclose(a, b, atol=1e-6) for a, b in zip(mine.parameters(), ref.parameters(), strict=True)):
         return f"with {k} micro-batches the weights differ from one step on the whole batch (divide each loss by k?)."
     return None
 
