@@ -1,7 +1,8 @@
 """Checkers for the notebooks' exercises: each prints "correct" or the first case that differs.
 
-Every checker prints one line and returns a Verdict, true when correct. An answer left as `...` (or a function that still raises NotImplementedError) is "not answered
-yet", never an error, so a notebook runs top to bottom before the learner has written anything.
+Every checker prints one line and returns a Verdict, true when correct. An answer left as `...`
+(or a function that still raises NotImplementedError) is "not answered yet", never an error, so a
+notebook runs top to bottom before the learner has written anything.
 The solutions sit in hidden cells of each notebook; tests/test_exercises.py runs every checker
 against a right and a wrong answer.
 """
@@ -14,17 +15,20 @@ import itertools
 import torch
 from torch import nn
 
-from .collectives import ring_schedule
+from .collectives import naive_ring_bytes, ring_bytes, ring_schedule
 from .data import chunk_sizes, sampler_indices
+from .dataparallel import replication_bytes
 from .training import train_step
 
-# the value each numeric exercise expects, computed from the package (never typed in by hand)
+# the value each numeric exercise expects: computed by the package where it holds the rule, a literal where the
+# answer is a word or a limit taken in the notebook's own prose
 ANSWERS = {
     "01 rows for 17 on 5": lambda: chunk_sizes(17, 5),
     "01 devices with work for 9 on 8": lambda: len(chunk_sizes(9, 8)),
     "01 repeated sample of 11 on 4": lambda: _repeat(sampler_indices(11, 4, shuffle=False)),
-    "02 bytes replicated for 1e6 on 4": lambda: (4 - 1) * 1_000_000 * 4,
-    "03 naive and ring MB for 100 MB on 8": lambda: {"ring": 2 * 7 / 8 * 100, "naive": 7 * 100},
+    "02 bytes replicated for 1e6 on 4": lambda: replication_bytes(nn.Linear(1000, 1000, bias=False), 4),
+    "03 naive and ring MB for 100 MB on 8": lambda: {"ring": ring_bytes(25_000_000, 4, 8, 0) / 1e6,
+                                                     "naive": naive_ring_bytes(25_000_000, 4, 8) / 1e6},
     "02 mean of shard means is the batch loss": lambda: _mean_of_means_is_batch_loss(),
     "04 evaluated and repeated for 10 on 4": lambda: {"evaluated": sum(map(len, sampler_indices(10, 4, shuffle=False))),
                                                    "twice": _repeat(sampler_indices(10, 4, shuffle=False))["samples"]},
@@ -37,7 +41,7 @@ def _mean_of_means_is_batch_loss() -> bool:
     """Whether averaging 8 per-shard mean losses of 30 rows gives the batch's mean loss."""
     gen = torch.Generator().manual_seed(0)
     p, y = torch.rand(30, 1, generator=gen), torch.rand(30, 1, generator=gen)
-    means = torch.stack([nn.functional.binary_cross_entropy(a, b) for a, b in zip(p.chunk(8), y.chunk(8), strict=False)])
+    means = torch.stack([nn.functional.binary_cross_entropy(a, b) for a, b in zip(p.chunk(8), y.chunk(8), strict=True)])
     return bool(torch.allclose(means.mean(), nn.functional.binary_cross_entropy(p, y)))
 
 
@@ -157,7 +161,7 @@ def _accumulation_problem(fn, k: int) -> str | None:
     ref.load_state_dict(mine.state_dict())
     opt, ref_opt = torch.optim.SGD(mine.parameters(), lr=0.5), torch.optim.SGD(ref.parameters(), lr=0.5)
     no_sync = RecordingNoSync(mine)
-    fn(mine, list(zip(x.chunk(k), y.chunk(k), strict=False)), opt, no_sync)
+    fn(mine, list(zip(x.chunk(k), y.chunk(k), strict=True)), opt, no_sync)
     train_step(ref, x, y, ref_opt)
     if no_sync.forwards != [True] * (k - 1) + [False]:
         return f"with {k} micro-batches, forwards inside no_sync were {no_sync.forwards}; expected all but the last."

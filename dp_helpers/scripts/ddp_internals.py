@@ -5,7 +5,7 @@
 --experiment sweep: all-reduces and step time for torch's default cap and several bucket_cap_mb.
 --experiment memory: bytes held by gradients and buckets, with and without gradient_as_bucket_view.
 --experiment fp16: fp16_compress_hook's bytes and its effect on the weights.
---experiment precision: bytes all-reduced under autocast, with and without bf16_compress_hook.
+--experiment precision: bytes all-reduced under autocast, with and without a compression hook.
 """
 
 from __future__ import annotations
