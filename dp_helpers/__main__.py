@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
-import threading
 from dataclasses import replace
 from pathlib import Path
 
+from .checks import UsageError
 from .config import add_train_flags, config_from_args, shard_plan, validate
 from .env import BACKENDS
 
@@ -64,12 +63,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def prefetch(*modules: str) -> None:
-    """Import modules now (in a thread) so that their later import is free."""
-    for name in modules:
-        importlib.import_module(name)
-
-
 def progress_steps(cfg, world_size: int) -> int | None:
     """Optimizer steps rank 0 will log in this run (one metrics line each), to size the progress bar."""
     plan = shard_plan(cfg.samples, world_size, cfg.batch_size, cfg.grad_accum_steps)
@@ -85,17 +78,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     """Validate, launch the DDP job with a progress bar, draw loss.png, print where everything is."""
     from .launch import plan_world_size, run_ddp
 
-    # import matplotlib (plotting imports it lazily) while the workers start, not after they finish
-    plotting = threading.Thread(target=prefetch, args=("matplotlib.figure", "matplotlib.backends.backend_agg"),
-                                daemon=True)
-    plotting.start()
     cfg = config_from_args(args)
     world_size = plan_world_size(args.world_size, args.backend)
     validate(cfg, world_size)
     result = run_ddp("dp_helpers.scripts.train", *cfg.as_args(), world_size=world_size,
                      backend=args.backend, out_dir=args.out, timeout=args.timeout,
                      progress=progress_steps(cfg, world_size))
-    plotting.join()
     from .plotting import save_loss_figure
 
     save_loss_figure(result.run_dir, Path(result.run_dir) / "loss.png")
@@ -108,13 +96,13 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: bad input and failed runs end in one clear line and a non-zero exit, never a traceback."""
+    """Entry point: bad input and failed runs end in one clear line and a non-zero exit; a bug keeps its traceback."""
     from .launch import DistributedRunError
 
     args = build_parser().parse_args(argv)
     try:
         return {"train": cmd_train, "doctor": cmd_doctor, "bench": cmd_bench}[args.command](args)
-    except (ValueError, TypeError, FileNotFoundError) as exc:
+    except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except DistributedRunError as exc:

@@ -9,16 +9,18 @@ from __future__ import annotations
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from .config import check_int
-from .env import report, resolve_backend
-from .launch import prepare_run_dir, run_ddp
+from . import env
+from .checks import UsageError, check_int
+from .launch import run_ddp
+from .launch.process import run_tree
+from .runs import prepare_run_dir, write_text_atomic
+from .training import PRECISIONS, precision_problem
 
 
 @dataclass
@@ -49,39 +51,35 @@ def quick(cfg: BenchConfig) -> BenchConfig:
 
 def validate_bench(cfg: BenchConfig, capacity: int) -> None:
     """Refuse a benchmark that cannot run or cannot mean anything, in one sentence, before anything starts."""
-    from .training import PRECISIONS
-
     for name in ("world_sizes", "batches"):
         if not isinstance(getattr(cfg, name), (list, tuple)) or not getattr(cfg, name):
-            raise ValueError(f"{name} must be a non-empty list, got {getattr(cfg, name)!r}.")
+            raise UsageError(f"{name} must be a non-empty list, got {getattr(cfg, name)!r}.")
         for value in getattr(cfg, name):
             check_int(name, value, 1)
     for name in ("default_batch", "steps", "rounds", "dim", "hidden", "depth", "repeats", "overhead_repeats"):
         check_int(name, getattr(cfg, name), 1)
     check_int("warmup", cfg.warmup, 0)
     if max(cfg.world_sizes) < 2:
-        raise ValueError(f"world sizes {cfg.world_sizes} compare nothing: give at least one world size >= 2.")
+        raise UsageError(f"world sizes {cfg.world_sizes} compare nothing: give at least one world size >= 2.")
     if max(cfg.world_sizes) > capacity:
-        raise ValueError(f"world size {max(cfg.world_sizes)} needs {max(cfg.world_sizes)} cores or GPUs, but this "
+        raise UsageError(f"world size {max(cfg.world_sizes)} needs {max(cfg.world_sizes)} cores or GPUs, but this "
                          f"machine has {capacity}: oversubscribed timings would mean nothing; lower --world-sizes.")
     if cfg.default_batch not in cfg.batches:
-        raise ValueError(f"default_batch {cfg.default_batch} must be one of the batches {cfg.batches}.")
+        raise UsageError(f"default_batch {cfg.default_batch} must be one of the batches {cfg.batches}.")
     if not cfg.sizes_mib or any(not isinstance(m, (int, float)) or m <= 0 for m in cfg.sizes_mib):
-        raise ValueError(f"sizes_mib must be positive message sizes in MiB, got {cfg.sizes_mib!r}.")
+        raise UsageError(f"sizes_mib must be positive message sizes in MiB, got {cfg.sizes_mib!r}.")
     if any(p not in PRECISIONS for p in cfg.precisions):
-        raise ValueError(f"precisions must be among {', '.join(PRECISIONS)}, got {cfg.precisions!r}.")
+        raise UsageError(f"precisions must be among {', '.join(PRECISIONS)}, got {cfg.precisions!r}.")
 
 
 def capacity(backend: str) -> int:
     """Processes this machine can time without oversubscription: GPUs on nccl, else cores (at least 2)."""
-    from .env import choose_launch, cpu_cores, gpu_count, nccl_available
-
-    chosen, gpus, _ = choose_launch(gpu_count(), nccl_available())
+    chosen, gpus, _ = env.choose_launch(env.gpu_count(), env.nccl_available())
     on_gpus = backend == "nccl" or (backend == "auto" and chosen == "nccl")
-    return gpus if on_gpus else max(cpu_cores(), 2)
+    return gpus if on_gpus else max(env.cpu_cores(), 2)
 
 
-def worker(world_size: int, *args, out: Path, backend: str) -> list:
+def launch_worker(world_size: int, *args, out: Path, backend: str) -> list:
     """Run the bench worker and return every rank's result."""
     run = run_ddp("dp_helpers.scripts.bench_worker", *map(str, args), world_size=world_size, backend=backend,
                   out_dir=out, echo=False, timeout=1800, env={"OMP_NUM_THREADS": "1"})
@@ -104,7 +102,7 @@ def throughputs(cfg: BenchConfig, tmp: Path, backend: str, tick) -> dict:
     """Samples/s of one process, of N independent processes (the ceiling), of DDP and of DataParallel, per batch."""
     def measure(name: str, world_size: int, mode: str, *extra) -> list[dict]:
         """One worker launch; advances the progress bar."""
-        rows = worker(world_size, *train_args(cfg, mode, *extra), out=tmp / name, backend=backend)
+        rows = launch_worker(world_size, *train_args(cfg, mode, *extra), out=tmp / name, backend=backend)
         tick()
         return rows
 
@@ -127,27 +125,22 @@ def dataparallel_kind(backend: str) -> str:
 
 def precision_runs(cfg: BenchConfig, precision: str, n: int, tmp: Path) -> tuple:
     """(one GPU, DDP on n GPUs) samples/s in one precision; {"skipped": reason} for what cannot run."""
-    from .env import gpu_device
-    from .training import precision_problem
-
-    problem = precision_problem(gpu_device(0), precision)
+    problem = precision_problem(env.gpu_device(0), precision)
     if problem:
         return {"skipped": problem}, {"skipped": problem}
     args, b = train_args(cfg, "train", "--precision", precision, batches=[cfg.default_batch]), cfg.default_batch
-    single = total(worker(1, *args, "--no-ddp", out=tmp / f"gpu1-{precision}", backend="nccl"), "independent")[b]
+    single = total(launch_worker(1, *args, "--no-ddp", out=tmp / f"gpu1-{precision}", backend="nccl"), "independent")[b]
     if n < 2:
         return single, {"skipped": f"DDP across GPUs needs at least two; found {n}"}
-    return single, total(worker(n, *args, "--ddp", out=tmp / f"gpu{n}-{precision}", backend="nccl"), "ddp")[b]
+    return single, total(launch_worker(n, *args, "--ddp", out=tmp / f"gpu{n}-{precision}", backend="nccl"), "ddp")[b]
 
 
 def gpu_section(cfg: BenchConfig, tmp: Path, tick) -> dict:
     """Single-GPU throughput in fp32, fp16 (autocast + GradScaler) and bf16 on nccl, and DDP in each with >= 2 GPUs."""
-    from .env import gpu_count, gpu_names, nccl_available
-
-    n = gpu_count()
-    if n < 1 or not nccl_available():
-        return {"skipped": f"needs a CUDA GPU and NCCL; found {n} GPU(s), nccl={nccl_available()}"}
-    out = {"gpus": list(gpu_names(n)), "batch": cfg.default_batch, "single": {}, "ddp": {}}
+    n = env.gpu_count()
+    if n < 1 or not env.nccl_available():
+        return {"skipped": f"needs a CUDA GPU and NCCL; found {n} GPU(s), nccl={env.nccl_available()}"}
+    out = {"gpus": list(env.gpu_names(n)), "batch": cfg.default_batch, "single": {}, "ddp": {}}
     for p in cfg.precisions:
         out["single"][p], out["ddp"][p] = precision_runs(cfg, p, n, tmp)
         tick(1 + (n > 1))
@@ -160,7 +153,7 @@ def gpu_section(cfg: BenchConfig, tmp: Path, tick) -> dict:
 def allreduce_rows(cfg: BenchConfig, tmp: Path, backend: str) -> list[dict]:
     """Time and bus bandwidth of dist.all_reduce and ring_all_reduce per message size, on the largest world size."""
     w = max(cfg.world_sizes)  # >= 2: validate_bench refuses less
-    rows = worker(w, "--mode", "allreduce", "--sizes", *cfg.sizes_mib, "--repeats", cfg.repeats, out=tmp / "ar",
+    rows = launch_worker(w, "--mode", "allreduce", "--sizes", *cfg.sizes_mib, "--repeats", cfg.repeats, out=tmp / "ar",
                   backend=backend)[0]
     for r in rows:
         for key in ("all_reduce", "ring"):
@@ -174,7 +167,9 @@ def allreduce_rows(cfg: BenchConfig, tmp: Path, backend: str) -> list[dict]:
 def wall(cmd: list[str]) -> float:
     """Seconds a command takes, failing loudly if it fails."""
     start = time.perf_counter()
-    subprocess.run(cmd, check=True, capture_output=True, timeout=600)
+    done = run_tree(cmd, timeout=600)
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed with exit code {done.returncode}:\n{done.stderr[-2000:]}")
     return time.perf_counter() - start
 
 
@@ -209,7 +204,7 @@ def derived(tp: dict, default_batch: int) -> dict:
 
 def machine() -> dict:
     """The machine and versions the numbers were measured on."""
-    return {**report().as_dict(), "machine": platform.machine(), "system": platform.platform(),
+    return {**env.report().as_dict(), "machine": platform.machine(), "system": platform.platform(),
             "processor": platform.processor() or "unknown"}
 
 
@@ -217,14 +212,12 @@ def run_bench(cfg: BenchConfig, out_dir=None, backend: str = "auto") -> dict:
     """Measure everything in one run, write bench.json and the figures (a new folder under runs/ by default)."""
     from tqdm.auto import tqdm
 
-    from .env import gpu_count, nccl_available
-
     validate_bench(cfg, capacity(backend))
-    backend = resolve_backend(backend, max(cfg.world_sizes))  # one backend for every world size, DataParallel's too
+    backend = env.resolve_backend(backend, max(cfg.world_sizes))  # one backend for every world size, DataParallel's too
     if out_dir is not None and (Path(out_dir) / "bench.json").exists():
-        raise ValueError(f"output folder {out_dir} already holds a benchmark; choose a new folder or delete it.")
+        raise UsageError(f"output folder {out_dir} already holds a benchmark; choose a new folder or delete it.")
     out_dir = prepare_run_dir(out_dir, "bench")  # only now, so a refused benchmark leaves no folder behind
-    gpus = gpu_count() if nccl_available() else 0  # gpu_section skips without NCCL
+    gpus = env.gpu_count() if env.nccl_available() else 0  # gpu_section skips without NCCL
     runs = (1 + 2 * sum(w > 1 for w in cfg.world_sizes) + 1 + cfg.overhead_check
             + len(cfg.precisions) * ((gpus > 0) + (gpus > 1)))
     bar = tqdm(total=runs, desc="bench", unit="run")
@@ -240,7 +233,7 @@ def run_bench(cfg: BenchConfig, out_dir=None, backend: str = "auto") -> dict:
               "dataparallel_kind": dataparallel_kind(backend), **derived(tp, cfg.default_batch),
               "allreduce": ar, "gpu": gpu, "train_overhead": over}
     text = json.dumps(result, indent=2)
-    (out_dir / "bench.json").write_text(text, encoding="utf-8")
+    write_text_atomic(out_dir / "bench.json", text)
     result = json.loads(text)  # the same object as the file: integer keys become strings in both
     save_figures(result, out_dir)
     return {**result, "out_dir": str(out_dir)}

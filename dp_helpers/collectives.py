@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from .data import tensor_split_sizes
+
 
 @dataclass(frozen=True)
 class RingStep:
@@ -38,14 +40,9 @@ def ring_schedule(world_size: int) -> list[RingStep]:
     return steps
 
 
-def chunk_sizes(numel: int, world_size: int) -> list[int]:
-    """Elements per ring chunk (tensor_split: sizes differ by at most one; some are empty when numel < W)."""
-    return [len(c) for c in torch.arange(numel).tensor_split(world_size)]
-
-
 def ring_bytes(numel: int, element_size: int, world_size: int, rank: int) -> int:
     """Bytes `rank` sends in the ring: 2(W-1)/W of the tensor when the chunks are equal."""
-    sizes = chunk_sizes(numel, world_size)
+    sizes = tensor_split_sizes(numel, world_size)  # the ring's chunks: sizes differ by at most one
     return sum(sizes[st.send] for st in ring_schedule(world_size) if st.rank == rank) * element_size
 
 

@@ -4,35 +4,44 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+
+from .checks import UsageError, check_choice, check_int, check_positive_number
 
 MODELS = ("linear", "mlp", "bn")
 SYNCS = ("ddp", "manual")
 BN_SYNCS = ("none", "allreduce", "syncbn")
 
 
+def option(default, help: str, minimum: int | None = None, choices: tuple | None = None):
+    """A TrainConfig field with what its command-line flag and its check need: help text, minimum, choices."""
+    return field(default=default, metadata={"help": help, "minimum": minimum, "choices": choices})
+
+
 @dataclass(frozen=True)
 class TrainConfig:
-    """What the `train` job trains; the defaults reproduce the source article's problem."""
+    """What the `train` job trains; the defaults reproduce the source article's problem. Each field is a flag."""
 
-    epochs: int = 10
-    batch_size: int = 10  # per process (micro_batch_size); global_batch_size = world_size * batch_size
-    lr: float = 0.01
-    samples: int = 100
-    dim: int = 10
-    seed: int = 0
-    model: str = "linear"
-    sync: str = "ddp"  # ddp: the DDP wrapper all-reduces gradients; manual: an all_reduce per parameter by hand
-    check_grads: bool = False  # assert after every backward that all ranks hold identical gradients
-    grad_accum_steps: int = 1  # micro-batches per optimizer step (DDP synchronises only the last)
-    use_no_sync: bool = True  # with accumulation: skip the all-reduce of all but the last micro-batch
-    momentum: float = 0.0  # SGD momentum: optimizer state that a checkpoint must carry
-    bn_sync: str = "none"  # for --model bn: none (per-rank statistics), allreduce (by hand), syncbn (GPUs)
-    checkpoint: str = ""  # rank 0 saves model, optimizer and epoch here after every epoch
-    resume: str = ""  # every rank loads this checkpoint and continues from its epoch
-    stop_after: int = 0  # stop after this many epochs (a simulated interruption); 0 runs them all
+    epochs: int = option(10, "passes over the data", minimum=1)
+    batch_size: int = option(10, "samples per process per step (micro_batch_size); the global batch is "
+                                 "world_size x batch_size x grad_accum_steps", minimum=1)
+    lr: float = option(0.01, "SGD learning rate")
+    samples: int = option(100, "synthetic samples", minimum=1)
+    dim: int = option(10, "features per sample", minimum=1)
+    seed: int = option(0, "seeds data, weights and shuffling", minimum=0)
+    model: str = option("linear", "linear (the source article's), mlp, or bn (a BatchNorm layer)", choices=MODELS)
+    sync: str = option("ddp", "ddp: DistributedDataParallel; manual: all_reduce the gradients by hand", choices=SYNCS)
+    check_grads: bool = option(False, "assert after every backward that all ranks hold identical gradients")
+    grad_accum_steps: int = option(1, "micro-batches per optimizer step; DDP all-reduces only on the last (no_sync)",
+                                   minimum=1)
+    use_no_sync: bool = option(True, "with accumulation, skip the all-reduce of all but the last micro-batch")
+    momentum: float = option(0.0, "SGD momentum: optimizer state that a checkpoint must carry")
+    bn_sync: str = option("none", "with --model bn: per-rank statistics (none), an all-reduce by hand, or "
+                                  "SyncBatchNorm (GPUs)", choices=BN_SYNCS)
+    checkpoint: str = option("", "save model, optimizer and epoch here after every epoch (rank 0)")
+    resume: str = option("", "continue from this checkpoint (every rank loads it)")
+    stop_after: int = option(0, "stop after this many epochs, as if interrupted (0: never)", minimum=0)
 
     def as_args(self) -> list[str]:
         """The fields that differ from the defaults, as worker command-line flags (a True bool is a bare flag)."""
@@ -50,71 +59,35 @@ class TrainConfig:
         return asdict(self)
 
 
-def check_int(name: str, value, minimum: int) -> None:
-    """Raise TypeError unless value is a real int (not bool), ValueError if below minimum."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__}).")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}.")
-
-
-def check_positive_number(name: str, value) -> None:
-    """Raise unless value is a finite number > 0 (NaN and inf are refused)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__}).")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a finite number > 0, got {value}.")
-
-
 def validate(cfg: TrainConfig, world_size: int = 1) -> None:
     """Refuse a config that cannot train, with one sentence naming the flag and the fix."""
-    for name, minimum in (("epochs", 1), ("batch_size", 1), ("samples", 1), ("dim", 1), ("seed", 0),
-                          ("grad_accum_steps", 1), ("stop_after", 0)):
-        check_int(name, getattr(cfg, name), minimum)
+    for f in fields(cfg):
+        value, meta = getattr(cfg, f.name), f.metadata
+        if meta["minimum"] is not None:
+            check_int(f.name, value, meta["minimum"])
+        if meta["choices"] is not None:
+            check_choice(f.name, value, meta["choices"])
     check_positive_number("lr", cfg.lr)
-    if not (isinstance(cfg.momentum, (int, float)) and 0 <= cfg.momentum < 1):
-        raise ValueError(f"momentum must be a number in [0, 1), got {cfg.momentum!r}.")
-    if cfg.bn_sync not in BN_SYNCS:
-        raise ValueError(f"bn_sync must be one of {', '.join(BN_SYNCS)}, got {cfg.bn_sync!r}.")
-    if cfg.model not in MODELS:
-        raise ValueError(f"model must be one of {', '.join(MODELS)}, got {cfg.model!r}.")
-    if cfg.sync not in SYNCS:
-        raise ValueError(f"sync must be one of {', '.join(SYNCS)}, got {cfg.sync!r}.")
+    if isinstance(cfg.momentum, bool) or not (isinstance(cfg.momentum, (int, float)) and 0 <= cfg.momentum < 1):
+        raise UsageError(f"momentum must be a number in [0, 1), got {cfg.momentum!r}.")
     if cfg.resume and not Path(cfg.resume).is_file():
-        raise FileNotFoundError(f"resume={cfg.resume!r}: no such checkpoint file; give the path a --checkpoint "
-                                "run wrote.")
+        raise UsageError(f"resume={cfg.resume!r}: no such checkpoint file; give the path a --checkpoint run wrote.")
     if cfg.checkpoint and not Path(cfg.checkpoint).resolve().parent.is_dir():
-        raise FileNotFoundError(f"checkpoint={cfg.checkpoint!r}: its folder does not exist; create it first.")
+        raise UsageError(f"checkpoint={cfg.checkpoint!r}: its folder does not exist; create it first.")
     if cfg.samples < world_size:
-        raise ValueError(f"samples={cfg.samples} is fewer than world_size={world_size}: some ranks would "
+        raise UsageError(f"samples={cfg.samples} is fewer than world_size={world_size}: some ranks would "
                          "only see padding; use more samples or fewer processes.")
 
 
 def add_train_flags(parser: argparse.ArgumentParser) -> None:
-    """The flags shared by the CLI and the worker script, defaults from TrainConfig."""
-    d = TrainConfig()
-    parser.add_argument("--epochs", type=int, default=d.epochs, help="passes over the data")
-    parser.add_argument("--batch-size", type=int, default=d.batch_size, help="samples per process per step")
-    parser.add_argument("--lr", type=float, default=d.lr, help="SGD learning rate")
-    parser.add_argument("--samples", type=int, default=d.samples, help="synthetic samples")
-    parser.add_argument("--dim", type=int, default=d.dim, help="features per sample")
-    parser.add_argument("--seed", type=int, default=d.seed, help="seeds data, weights and shuffling")
-    parser.add_argument("--model", choices=MODELS, default=d.model, help="linear (the source article's) or mlp")
-    parser.add_argument("--sync", choices=SYNCS, default=d.sync,
-                        help="ddp: DistributedDataParallel; manual: all_reduce the gradients by hand")
-    parser.add_argument("--check-grads", action=argparse.BooleanOptionalAction, default=d.check_grads,
-                        help="assert after every backward that all ranks hold identical gradients")
-    parser.add_argument("--grad-accum-steps", type=int, default=d.grad_accum_steps,
-                        help="micro-batches per optimizer step; DDP all-reduces only on the last (no_sync)")
-    parser.add_argument("--use-no-sync", action=argparse.BooleanOptionalAction, default=d.use_no_sync,
-                        help="with accumulation, skip the all-reduce of all but the last micro-batch")
-    parser.add_argument("--momentum", type=float, default=d.momentum, help="SGD momentum")
-    parser.add_argument("--bn-sync", choices=BN_SYNCS, default=d.bn_sync,
-                        help="with --model bn: per-rank statistics, an all-reduce by hand, or SyncBatchNorm (GPUs)")
-    parser.add_argument("--checkpoint", default=d.checkpoint, help="save model, optimizer and epoch here every epoch")
-    parser.add_argument("--resume", default=d.resume, help="continue from this checkpoint")
-    parser.add_argument("--stop-after", type=int, default=d.stop_after,
-                        help="stop after this many epochs, as if interrupted (0: never)")
+    """One flag per TrainConfig field (--batch-size for batch_size), its default, type, choices and help from the field."""
+    for f in fields(TrainConfig):
+        flag, meta = f"--{f.name.replace('_', '-')}", f.metadata
+        if isinstance(f.default, bool):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=meta["help"])
+        else:
+            parser.add_argument(flag, type=type(f.default), default=f.default, choices=meta["choices"],
+                                help=meta["help"])
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -124,10 +97,10 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 def worker_parser() -> argparse.ArgumentParser:
     """Flags of the worker script: the training config plus the run folder."""
-    parser = argparse.ArgumentParser(description="DDP training worker (run under torchrun).")
+    parser = argparse.ArgumentParser(description="DDP training worker (under torchrun, or alone as world size 1).")
     add_train_flags(parser)
-    parser.add_argument("--out", default=os.environ.get("DP_RUN_DIR", "runs/train"),
-                        help="run folder (default: $DP_RUN_DIR set by the launcher)")
+    parser.add_argument("--out", default=None,
+                        help="run folder (default: the launcher's, or a new one under runs/ when run alone)")
     return parser
 
 

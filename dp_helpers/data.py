@@ -6,6 +6,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
+from .checks import UsageError
 from .config import ShardPlan, shard_plan  # noqa: F401 - the sampler arithmetic, torch-free in config
 
 
@@ -14,7 +15,7 @@ class SimpleDataset(Dataset):
 
     def __init__(self, data: torch.Tensor, target: torch.Tensor):
         if len(data) != len(target):
-            raise ValueError(f"data has {len(data)} rows but target has {len(target)}.")
+            raise UsageError(f"data has {len(data)} rows but target has {len(target)}.")
         self.data, self.target = data, target
 
     def __len__(self) -> int:

@@ -1,4 +1,4 @@
-"""setup()/teardown() for scripts run under torchrun: explicit rank info, a short timeout, no globals (taught in notebook 03)."""
+"""worker(), setup(), teardown() for scripts run under torchrun or alone: explicit rank info, a short timeout, no globals (notebook 03)."""
 
 from __future__ import annotations
 
@@ -8,22 +8,25 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .env import device_for, resolve_backend
+from .runs import fresh_run_dir, write_text_atomic
 
 DEFAULT_PG_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
 class DistInfo:
-    """Who this process is in the group, and where its tensors live."""
+    """Who this process is in the group, where its tensors live and where the run writes."""
 
     rank: int
     local_rank: int
@@ -31,19 +34,34 @@ class DistInfo:
     device: torch.device
     backend: str
     is_main: bool
+    run_dir: Path
 
     def tag(self) -> str:
         """The '[rank r/W]' prefix for per-rank lines."""
         return f"[rank {self.rank}/{self.world_size}]"
 
 
-def torchrun_env() -> tuple[int, int, int]:
-    """RANK, LOCAL_RANK, WORLD_SIZE from torchrun, or a clear error when run without it."""
-    missing = [k for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE") if k not in os.environ]
-    if missing:
-        raise RuntimeError(f"{', '.join(missing)} not set: run this script under torchrun "
-                           "(python -m torch.distributed.run) or dp_helpers.launch.run_ddp.")
-    return int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+def torchrun_env() -> tuple[int, int, int, int]:
+    """RANK, LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE from torchrun; (0, 0, 1, 1) for a script run alone."""
+    names = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+    present = [k for k in names if k in os.environ]
+    if not present:
+        return 0, 0, 1, 1
+    if len(present) < len(names):
+        raise RuntimeError(f"{', '.join(k for k in names if k not in present)} not set while {', '.join(present)} "
+                           "is: start the script with torchrun (python -m torch.distributed.run) or alone, not half-way.")
+    rank, local_rank, world_size = (int(os.environ[k]) for k in names)
+    return rank, local_rank, world_size, int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+
+
+def default_run_dir() -> Path:
+    """The launcher's run folder; under a bare torchrun one per run id; alone a fresh one under runs/."""
+    script = Path(sys.argv[0]).stem or "script"
+    if "DP_RUN_DIR" in os.environ:
+        return Path(os.environ["DP_RUN_DIR"])
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # the same on every rank of one torchrun
+        return Path("runs") / f"{script}-{os.environ['TORCHELASTIC_RUN_ID']}"
+    return fresh_run_dir(script)
 
 
 def exit_when_orphaned(poll_s: float = 0.5) -> threading.Thread:
@@ -61,18 +79,30 @@ def exit_when_orphaned(poll_s: float = 0.5) -> threading.Thread:
     return thread
 
 
-def setup(backend: str | None = None, timeout_s: float | None = None) -> DistInfo:
-    """Join the process group torchrun prepared; a mismatched collective then fails within timeout_s."""
-    rank, local_rank, world_size = torchrun_env()
+def init_group(backend: str, rank: int, world_size: int, timeout_s: float) -> None:
+    """Join torchrun's group (address in the environment), or form a group of one without torchrun."""
+    timeout = timedelta(seconds=timeout_s)
+    if "RANK" in os.environ:
+        dist.init_process_group(backend, timeout=timeout)
+    else:  # alone: an in-memory store, so a debugger can step through the same DDP code
+        dist.init_process_group(backend, store=dist.HashStore(), rank=rank, world_size=world_size, timeout=timeout)
+
+
+def setup(backend: str | None = None, timeout_s: float | None = None, run_dir=None) -> DistInfo:
+    """Join the process group (torchrun's, or one of size 1 alone); a mismatched collective then fails within timeout_s."""
+    rank, local_rank, world_size, local_world_size = torchrun_env()
     backend = resolve_backend(backend or os.environ.get("DP_BACKEND", "auto"), world_size,
-                              nnodes=int(os.environ.get("DP_NNODES", "1")))
+                              local_world_size=local_world_size)
     timeout_s = float(timeout_s or os.environ.get("DP_PG_TIMEOUT", DEFAULT_PG_TIMEOUT_S))
     device = device_for(backend, local_rank)
     if device.type != "cpu":
         torch.cuda.set_device(device)
-    exit_when_orphaned()
-    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
-    return DistInfo(rank, local_rank, world_size, device, backend, rank == 0)
+    if "RANK" in os.environ:
+        exit_when_orphaned()
+    init_group(backend, rank, world_size, timeout_s)
+    run_dir = Path(run_dir or default_run_dir())
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return DistInfo(rank, local_rank, world_size, device, backend, rank == 0, run_dir)
 
 
 def teardown() -> None:
@@ -85,15 +115,29 @@ def teardown() -> None:
         dist.destroy_process_group()
 
 
-def exit_after(main) -> None:
-    """Run a DDP worker's main(); once it returns cleanly, end the process at once with exit code 0."""
-    main()  # an exception propagates as usual: non-zero exit, error file, nothing skipped
+def worker(main: Callable[[DistInfo], object], **setup_args) -> None:
+    """Run main(info) as one rank: join the group, always leave it, record an exception for the launcher, exit cleanly."""
+    @record  # an exception is written to torchrun's error file: the launcher names this rank and its error
+    def run() -> None:
+        """Setup, main, teardown."""
+        info = setup(**setup_args)
+        try:
+            main(info)
+        finally:
+            teardown()
+
+    run()  # an exception propagates as usual: traceback, non-zero exit, error file
     # torch 2.13 keeps the gloo group's threads alive once a DDP model was built, even after
     # destroy_process_group(); interpreter finalization then sometimes aborts a worker whose work is
     # done (SIGABRT "terminate called without an active exception"). Every file is closed by now.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The model inside a DDP wrapper (the model itself when it is not wrapped)."""
+    return model.module if isinstance(model, DDP) else model
 
 
 def wrap_ddp(model: torch.nn.Module, info: DistInfo, bucket_cap_mb: float | None = None,
@@ -131,7 +175,6 @@ def gather_to_file(info: DistInfo, mine, filename: str) -> list | None:
     table = [None] * info.world_size
     dist.all_gather_object(table, mine)  # a collective: every rank takes part, only rank 0 writes
     if info.is_main:
-        path = Path(os.environ.get("DP_RUN_DIR", ".")) / filename
-        path.write_text(json.dumps(table, indent=1), encoding="utf-8")
+        write_text_atomic(info.run_dir / filename, json.dumps(table, indent=1))
         return table
     return None

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
-import random
 import shutil
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
+
+from .checks import UsageError, check_choice
 
 BACKENDS = ("auto", "gloo", "nccl")
 
@@ -93,19 +94,18 @@ def choose_launch(n_gpus: int, has_nccl: bool) -> tuple[str, int, str]:
 
 
 def resolve_backend(backend: str, world_size: int, n_gpus: int | None = None,
-                    has_nccl: bool | None = None, nnodes: int = 1) -> str:
+                    has_nccl: bool | None = None, local_world_size: int | None = None) -> str:
     """Turn 'auto' into a concrete backend and refuse a combination that cannot run, in one sentence."""
-    if not isinstance(backend, str) or backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}.")
+    check_choice("backend", backend, BACKENDS)
     n_gpus = gpu_count() if n_gpus is None else n_gpus
     has_nccl = nccl_available() if has_nccl is None else has_nccl
-    local_world = world_size // max(nnodes, 1)
+    local_world = world_size if local_world_size is None else local_world_size  # processes on this node
     if backend == "auto":
         return "nccl" if has_nccl and n_gpus >= max(local_world, 2) else "gloo"
     if backend == "nccl" and not has_nccl:
-        raise ValueError("backend 'nccl' is not built into this torch (a CPU build?); use backend 'gloo'.")
+        raise UsageError("backend 'nccl' is not built into this torch (a CPU build?); use backend 'gloo'.")
     if backend == "nccl" and n_gpus < local_world:
-        raise ValueError(f"backend 'nccl' needs one GPU per process: {local_world} processes per node "
+        raise UsageError(f"backend 'nccl' needs one GPU per process: {local_world} processes per node "
                          f"but {n_gpus} GPU(s) visible; lower the world size or use backend 'gloo'.")
     return backend
 
@@ -146,11 +146,3 @@ def format_report(rep: EnvReport) -> str:
             ("train would use", f"backend={rep.backend} world_size={rep.world_size}"),
             ("why", rep.reason)]
     return "\n".join(f"{name:<22} {value}" for name, value in rows)
-
-
-def seed_everything(seed: int) -> None:
-    """Seed Python's and torch's global RNGs with the same value on every rank (data and model use their own seeded generators)."""
-    import torch
-
-    random.seed(seed)
-    torch.manual_seed(seed)

@@ -14,6 +14,8 @@ import time
 import warnings
 from pathlib import Path
 
+from .checks import UsageError
+
 REQUIRED = ("rank", "world_size", "epoch", "step", "loss", "samples", "time")
 
 
@@ -111,7 +113,7 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
         files = [path]
     else:
         if not path.exists():
-            raise FileNotFoundError(f"run folder not found: {path}")
+            raise UsageError(f"run folder not found: {path}")
         files = sorted(metrics_dir(path).glob("rank*.jsonl"))
     records = [r for f in files for r in read_file(f)]
     return sorted(records, key=lambda r: (r["step"], r["rank"]))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .checks import check_choice
 from .config import MODELS
 
 
@@ -52,8 +53,7 @@ class BNNet(nn.Module):
 
 def build_model(name: str, input_dim: int, seed: int) -> nn.Module:
     """A freshly initialised model, its weights fixed by `seed` alone (same on every rank)."""
-    if name not in MODELS:
-        raise ValueError(f"model must be one of {', '.join(MODELS)}, got {name!r}.")
+    check_choice("model", name, MODELS)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return {"linear": SimpleModel, "mlp": MLP, "bn": BNNet}[name](input_dim)

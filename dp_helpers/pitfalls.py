@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 
+from .launch.process import run_tree
+
 SPAWN_CELL = '''import torch.multiprocessing as mp
 
 def work(rank):
@@ -44,7 +46,6 @@ def fixed_port_in_use(timeout: float = 120) -> str:
         port = holder.getsockname()[1]
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
                "--master-port", str(port), "-m", "dp_helpers.scripts.collectives_demo"]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        proc = run_tree(cmd, timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
     lines = (proc.stdout + proc.stderr).splitlines()
     return "\n".join(ln for ln in lines if "EADDRINUSE" in ln or "already in use" in ln.lower())

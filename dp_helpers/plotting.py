@@ -7,6 +7,7 @@ import warnings
 from collections import defaultdict
 from pathlib import Path
 
+from .checks import UsageError
 from .metrics import read_metrics
 
 
@@ -63,7 +64,7 @@ def plot_loss_curves(run_or_runs, ax=None, per_rank: bool = True, labels=None):
         label, records = _load(run)
         label = labels[i] if labels else label
         if not records:
-            raise ValueError(f"{label}: no metric records; did training run 0 steps?")
+            raise UsageError(f"{label}: no metric records; did training run 0 steps?")
         color = f"C{i}"
         if per_rank:
             by_rank = defaultdict(list)
@@ -254,7 +255,7 @@ def plot_bandwidth(result: dict, ax=None):
     ax = _get_ax(ax)
     rows = result["allreduce"]
     if not rows:
-        raise ValueError("no all-reduce measurements: the benchmark ran with world size 1.")
+        raise UsageError("no all-reduce measurements: the benchmark ran with world size 1.")
     mib = [r["bytes"] / 2**20 for r in rows]
     ax.plot(mib, [r["busbw_all_reduce_GBps"] for r in rows], "o-", label="dist.all_reduce")
     ax.plot(mib, [r["busbw_ring_GBps"] for r in rows], "s--", label="ring_all_reduce (ours)")

@@ -8,9 +8,8 @@ import torch
 
 from .config import TrainConfig
 from .data import make_loader, make_synthetic
-from .env import seed_everything
 from .models import build_model
-from .training import make_optimizer, train_step
+from .training import make_optimizer, seed_everything, train_step
 
 
 @dataclass

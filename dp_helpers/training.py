@@ -3,11 +3,27 @@
 from __future__ import annotations
 
 import contextlib
+import pickle
+import random
 
 import torch
 from torch import nn
 
+from .checks import UsageError
+
 PRECISIONS = ("fp32", "fp16", "bf16")
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's and torch's global RNGs with the same value on every rank (data and model use their own seeded generators)."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def bce_loss(probs: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Binary cross-entropy of a sigmoid model's outputs (probabilities) against 0/1 targets of any matching size."""
+    # mean reduction: DDP averages gradients across ranks, so the mean of equal-sized shards' means is the global mean
+    return nn.functional.binary_cross_entropy(probs, targets.reshape(probs.shape), reduction=reduction)
 
 
 def make_optimizer(model: nn.Module, lr: float, momentum: float = 0.0) -> torch.optim.Optimizer:
@@ -19,9 +35,7 @@ def train_step(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
                optimizer: torch.optim.Optimizer, after_backward=None) -> torch.Tensor:
     """One SGD step on a mean BCE loss, calling after_backward(model) between backward and step; returns the loss."""
     optimizer.zero_grad(set_to_none=True)
-    outputs = model(inputs)
-    # mean reduction: DDP averages gradients across ranks, so mean-of-means == global mean
-    loss = nn.functional.binary_cross_entropy(outputs, targets.unsqueeze(1))
+    loss = bce_loss(model(inputs), targets)
     loss.backward()
     if after_backward is not None:
         after_backward(model)
@@ -38,8 +52,7 @@ def accumulate_step(model: nn.Module, micro_batches: list, optimizer: torch.opti
         # no_sync: gradients accumulate locally, the all-reduce waits for the last micro-batch
         quiet = no_sync() if (no_sync is not None and j < k - 1) else contextlib.nullcontext()
         with quiet:
-            outputs = model(inputs)
-            loss = nn.functional.binary_cross_entropy(outputs, targets.unsqueeze(1)) / k
+            loss = bce_loss(model(inputs), targets) / k
             loss.backward()
         total = total + loss.detach().cpu()
     if after_backward is not None:
@@ -51,7 +64,7 @@ def accumulate_step(model: nn.Module, micro_batches: list, optimizer: torch.opti
 def loss_gradients(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
     """The gradient of the mean BCE loss on this batch, per parameter name (model.grad is left zeroed)."""
     model.zero_grad(set_to_none=True)
-    nn.functional.binary_cross_entropy(model(inputs), targets.unsqueeze(1)).backward()
+    bce_loss(model(inputs), targets).backward()
     grads = {name: p.grad.detach().clone() for name, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
     return grads
@@ -86,7 +99,7 @@ def mixed_precision_step(model: nn.Module, inputs: torch.Tensor, targets: torch.
     with autocast(inputs.device, precision):
         outputs = model(inputs)
     # binary_cross_entropy is unsafe in fp16 (autocast refuses it on GPUs): compute it in fp32, outside
-    loss = nn.functional.binary_cross_entropy(outputs.float(), targets.unsqueeze(1))
+    loss = bce_loss(outputs.float(), targets)
     scaler.scale(loss).backward()
     scaler.step(optimizer)  # unscales first; skips the step if a gradient is inf/nan
     scaler.update()
@@ -109,5 +122,8 @@ def checkpoint_epoch(path: str) -> int:
     """The epoch a checkpoint written by scripts/train.py resumes from (the CLI sizes its progress bar with it)."""
     try:
         return int(torch.load(path, map_location="cpu", weights_only=True)["epoch"])
-    except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same one-sentence error
-        raise ValueError(f"{path} is not a checkpoint written by --checkpoint ({type(exc).__name__}).") from None
+    # unreadable (OSError, EOFError), not a torch file (RuntimeError), unsafe pickle (UnpicklingError),
+    # or a torch file without an epoch (KeyError, TypeError, IndexError, ValueError)
+    except (OSError, EOFError, RuntimeError, pickle.UnpicklingError, KeyError, TypeError, IndexError,
+            ValueError) as exc:
+        raise UsageError(f"{path} is not a checkpoint written by --checkpoint ({type(exc).__name__}).") from exc

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import textwrap
 import time
+import uuid
 from pathlib import Path
 
 import psutil
@@ -20,19 +22,38 @@ def private_tmpdir(tmp_path, monkeypatch):
     monkeypatch.setenv("TMPDIR", str(tmp))
 
 
+def started_by(marker: str) -> list[psutil.Process]:
+    """Live processes (not zombies) whose environment carries DP_TEST_ID=marker, wherever they were reparented."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.pid != os.getpid() and p.environ().get("DP_TEST_ID") == marker and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return found
+
+
 @pytest.fixture(autouse=True)
-def no_leftover_processes():
-    """Fail a test that leaves any child process of pytest running."""
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
+def no_leftover_processes(monkeypatch):
+    """Fail a test that leaves any process running: every process it starts inherits a marker, orphans included."""
+    marker = f"test-{uuid.uuid4().hex}"
+    monkeypatch.setenv("DP_TEST_ID", marker)
     yield
     deadline = time.monotonic() + 10
-    while True:
-        left = [p for p in psutil.Process().children(recursive=True)
-                if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE]
-        if not left or time.monotonic() > deadline:
-            break
+    while (left := started_by(marker)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not left, f"test left processes running: {[(p.pid, p.cmdline()[:4]) for p in left]}"
+
+
+@pytest.fixture(scope="session")
+def pools():
+    """Rank pools (tests/ranks.py) shared by the whole session: pools.get(world_size).run(fn, *args)."""
+    from tests.ranks import Pools
+
+    shared = Pools()
+    yield shared
+    shared.close()
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from dp_helpers.bench import BenchConfig, derived, quick
+from dp_helpers.checks import UsageError
 from dp_helpers.env import gpu_count, nccl_available
 
 pytestmark = pytest.mark.slow
@@ -75,7 +76,7 @@ def test_bad_benchmarks_are_refused_in_one_sentence(change, words):
 
     from dp_helpers.bench import validate_bench
 
-    with pytest.raises((ValueError, TypeError), match=words):
+    with pytest.raises(UsageError, match=words):
         validate_bench(replace(BenchConfig([1, 2]), **change), capacity=2)
 
 
@@ -126,7 +127,7 @@ def test_gpu_section_bookkeeping_with_a_stand_in_worker(monkeypatch, tmp_path):
         launches.append((world_size, precision, backend))
         return [{"independent": {"1024": rates[precision]}, "ddp": {"1024": 0.9 * rates[precision]}}] * world_size
 
-    monkeypatch.setattr(bench, "worker", stand_in)
+    monkeypatch.setattr(bench, "launch_worker", stand_in)
     ticks = []
     out = bench.gpu_section(BenchConfig([1, 2]), tmp_path, lambda n=1: ticks.append(n))
     assert out["single"] == {"fp32": 100.0, "fp16": 250.0, "bf16": {"skipped": "no native bfloat16."}}

@@ -7,7 +7,8 @@ import sys
 import pytest
 import torch
 
-from dp_helpers.collectives import chunk_sizes, naive_ring_bytes, ring_bytes, ring_schedule
+from dp_helpers.collectives import naive_ring_bytes, ring_bytes, ring_schedule
+from dp_helpers.data import tensor_split_sizes
 from dp_helpers.launch import DistributedRunError, run_ddp
 
 
@@ -15,7 +16,7 @@ def simulate(values: list[list[float]]) -> list[list[float]]:
     """Play the schedule on plain lists, every rank's step at once, as the processes would."""
     world = len(values)
     bounds = [0]
-    for size in chunk_sizes(len(values[0]), world):
+    for size in tensor_split_sizes(len(values[0]), world):
         bounds.append(bounds[-1] + size)
     data = [list(v) for v in values]
     schedule = ring_schedule(world)

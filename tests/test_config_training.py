@@ -4,6 +4,7 @@ import math
 
 import pytest
 
+from dp_helpers.checks import UsageError
 from dp_helpers.config import TrainConfig, config_from_args, validate, worker_parser
 from dp_helpers.reference import train_reference
 
@@ -11,13 +12,13 @@ from dp_helpers.reference import train_reference
 @pytest.mark.parametrize("change, error, words", [
     ({"epochs": 0}, ValueError, "epochs must be >= 1, got 0."),
     ({"batch_size": 0}, ValueError, "batch_size must be >= 1, got 0."),
-    ({"batch_size": 2.5}, TypeError, "batch_size must be an int, got 2.5 (float)."),
-    ({"samples": True}, TypeError, "samples must be an int, got True (bool)."),
+    ({"batch_size": 2.5}, UsageError, "batch_size must be an int, got 2.5 (float)."),
+    ({"samples": True}, UsageError, "samples must be an int, got True (bool)."),
     ({"dim": -3}, ValueError, "dim must be >= 1, got -3."),
     ({"seed": -1}, ValueError, "seed must be >= 0, got -1."),
     ({"lr": 0.0}, ValueError, "lr must be a finite number > 0, got 0.0."),
     ({"lr": math.nan}, ValueError, "lr must be a finite number > 0, got nan."),
-    ({"lr": "0.1"}, TypeError, "lr must be a number, got '0.1' (str)."),
+    ({"lr": "0.1"}, UsageError, "lr must be a number, got '0.1' (str)."),
     ({"model": "resnet"}, ValueError, "model must be one of linear, mlp, bn, got 'resnet'."),
 ])
 def test_validate_says_one_sentence(change, error, words):

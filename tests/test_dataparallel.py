@@ -121,13 +121,12 @@ def test_scalar_outputs_become_a_vector_with_a_warning():
 
 
 def test_bad_device_count_and_byte_counts(model):
-    with pytest.raises(ValueError, match="must be an int >= 1, got 0"):
+    with pytest.raises(ValueError, match="must be >= 1, got 0"):
         dp.cpu_devices(0)
     params = sum(p.numel() for p in model.parameters()) * 4
     assert dp.replication_bytes(model, 4) == 3 * params
     assert dp.tensor_bytes({"a": torch.zeros(3), "b": (torch.zeros(2, dtype=torch.float64), 1)}) == 28
     assert not dp.is_real(dp.cpu_devices(2))
-    assert len(dp.gpu_devices()) == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
 
 
 def test_training_with_the_four_steps_matches_one_device():

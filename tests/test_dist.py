@@ -1,5 +1,6 @@
-"""dp_helpers.dist: setup outside torchrun says how to run, a one-process group comes up and goes down, orphans exit."""
+"""dp_helpers.dist: alone a script is a group of one, a one-process group comes up and goes down, orphans exit, worker() exits cleanly."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -13,10 +14,22 @@ from dp_helpers import dist as dph
 from tests.conftest import pids_alive, wait_for_files
 
 
-def test_setup_without_torchrun_says_how(monkeypatch):
-    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+def test_setup_alone_is_a_group_of_one_with_its_own_run_folder(monkeypatch, tmp_path):
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "DP_RUN_DIR", "TORCHELASTIC_RUN_ID"):
         monkeypatch.delenv(key, raising=False)
-    with pytest.raises(RuntimeError, match=r"RANK, LOCAL_RANK, WORLD_SIZE not set: run this script under torchrun"):
+    monkeypatch.chdir(tmp_path)
+    info = dph.setup(backend="gloo", timeout_s=5)
+    try:
+        assert (info.rank, info.world_size, dist.get_world_size()) == (0, 1, 1)
+        assert info.run_dir.is_dir() and info.run_dir.parent.resolve() == (tmp_path / "runs").resolve()
+    finally:
+        dph.teardown()
+
+
+def test_half_a_torchrun_environment_is_refused(monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(RuntimeError, match=r"WORLD_SIZE not set while RANK"):
         dph.setup()
 
 
@@ -60,10 +73,12 @@ def test_orphaned_worker_exits(tmp_path):
 
 
 @pytest.mark.parametrize("body, code, words", [
-    ("print('done', end='')", 0, "done"),  # unflushed output still arrives
+    ("print('done', info.world_size, info.run_dir.name, end='')", 0, "done 1 mine"),  # unflushed output arrives
     ("raise ValueError('boom')", 1, "ValueError: boom"),  # a failure is never turned into success
 ])
-def test_exit_after_ends_a_clean_worker_and_passes_failures_on(body, code, words):
-    script = f"from dp_helpers import dist as dph\ndef main():\n    {body}\ndph.exit_after(main)\nprint('never')"
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+def test_worker_runs_main_alone_and_passes_failures_on(body, code, words, tmp_path):
+    script = (f"from dp_helpers import dist as dph\ndef main(info):\n    {body}\n"
+              f"dph.worker(main, backend='gloo', run_dir={str(tmp_path / 'mine')!r})\nprint('never')")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          env={k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")})
     assert proc.returncode == code and words in proc.stdout + proc.stderr and "never" not in proc.stdout

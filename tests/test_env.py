@@ -19,7 +19,7 @@ def test_resolve_backend_auto():
     assert env.resolve_backend("auto", 2, n_gpus=0, has_nccl=False) == "gloo"
     assert env.resolve_backend("auto", 2, n_gpus=2, has_nccl=True) == "nccl"
     assert env.resolve_backend("auto", 4, n_gpus=2, has_nccl=True) == "gloo"  # more ranks than GPUs
-    assert env.resolve_backend("auto", 4, n_gpus=2, has_nccl=True, nnodes=2) == "nccl"
+    assert env.resolve_backend("auto", 4, n_gpus=2, has_nccl=True, local_world_size=2) == "nccl"
 
 
 @pytest.mark.parametrize("backend, gpus, nccl, words", [
@@ -56,9 +56,11 @@ def test_detect_platform(monkeypatch, var, expected):
 def test_seed_everything_repeats():
     import torch
 
-    env.seed_everything(3)
+    from dp_helpers.training import seed_everything
+
+    seed_everything(3)
     a = torch.rand(3)
-    env.seed_everything(3)
+    seed_everything(3)
     torch.testing.assert_close(torch.rand(3), a)
 
 

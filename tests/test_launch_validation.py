@@ -9,6 +9,8 @@ import pytest
 
 from dp_helpers import env, launch
 from dp_helpers.__main__ import main as cli_main
+from dp_helpers.checks import UsageError
+from dp_helpers.launch import command
 
 
 @pytest.fixture
@@ -27,15 +29,15 @@ def script(write_script):
 CASES = [
     ({"world_size": 0}, ValueError, "world_size must be >= 1, got 0."),
     ({"world_size": -2}, ValueError, "world_size must be >= 1, got -2."),
-    ({"world_size": 2.0}, TypeError, "world_size must be an int, got 2.0 (float)."),
-    ({"world_size": True}, TypeError, "world_size must be an int, got True (bool)."),
-    ({"world_size": "2"}, TypeError, "world_size must be an int, got '2' (str)."),
+    ({"world_size": 2.0}, UsageError, "world_size must be an int, got 2.0 (float)."),
+    ({"world_size": True}, UsageError, "world_size must be an int, got True (bool)."),
+    ({"world_size": "2"}, UsageError, "world_size must be an int, got '2' (str)."),
     ({"backend": "mpi"}, ValueError, "backend must be one of auto, gloo, nccl, got 'mpi'."),
-    ({"timeout": 0}, ValueError, "timeout must be a finite number of seconds > 0, got 0."),
-    ({"timeout": -5}, ValueError, "timeout must be a finite number of seconds > 0, got -5."),
-    ({"timeout": math.inf}, ValueError, "timeout must be a finite number of seconds > 0, got inf."),
-    ({"timeout": "60"}, TypeError, "timeout must be a number of seconds, got '60'."),
-    ({"env": {"A": 1}}, TypeError, "env must be a mapping of str to str."),
+    ({"timeout": 0}, ValueError, "timeout must be a finite number > 0, got 0."),
+    ({"timeout": -5}, ValueError, "timeout must be a finite number > 0, got -5."),
+    ({"timeout": math.inf}, ValueError, "timeout must be a finite number > 0, got inf."),
+    ({"timeout": "60"}, UsageError, "timeout must be a number, got '60' (str)."),
+    ({"env": {"A": 1}}, UsageError, "env must be a mapping of str to str."),
     ({"nnodes": 0}, ValueError, "nnodes must be >= 1, got 0."),
     ({"nnodes": 2, "node_rank": 2, "world_size": 4, "rdzv_endpoint": "h:1"}, ValueError,
      "node_rank must be < nnodes=2, got 2."),
@@ -56,7 +58,7 @@ def test_bad_arguments(no_spawn, script, tmp_path, kwargs, error, message):
 
 def fake_machine(monkeypatch, n_gpus, has_nccl):
     """Make run_ddp see n_gpus GPUs and a torch with or without NCCL."""
-    monkeypatch.setattr(launch, "resolve_backend", functools.partial(env.resolve_backend, n_gpus=n_gpus, has_nccl=has_nccl))
+    monkeypatch.setattr(command, "resolve_backend", functools.partial(env.resolve_backend, n_gpus=n_gpus, has_nccl=has_nccl))
 
 
 def test_nccl_without_nccl(no_spawn, script, tmp_path, monkeypatch):
@@ -75,7 +77,7 @@ def test_nccl_needs_a_gpu_per_process(no_spawn, script, tmp_path, monkeypatch):
 
 
 def test_missing_script(no_spawn, tmp_path):
-    with pytest.raises(FileNotFoundError, match="script not found: .*missing.py"):
+    with pytest.raises(UsageError, match="script not found: .*missing.py"):
         launch.run_ddp(tmp_path / "missing.py", out_dir=tmp_path / "run")
 
 
@@ -88,12 +90,12 @@ def test_script_not_a_py_file(no_spawn, tmp_path):
 
 
 def test_unknown_module(no_spawn, tmp_path):
-    with pytest.raises(FileNotFoundError, match="no script file or importable module named 'dp_helpers.nope'"):
+    with pytest.raises(UsageError, match="no script file or importable module named 'dp_helpers.nope'"):
         launch.run_ddp("dp_helpers.nope", out_dir=tmp_path / "run")
 
 
 def test_bad_script_argument(no_spawn, script, tmp_path):
-    with pytest.raises(TypeError, match=r"script arguments must be str, int, float or Path, got \[1\]"):
+    with pytest.raises(UsageError, match=r"script arguments must be str, int, float or Path, got \[1\]"):
         launch.run_ddp(script, [1], out_dir=tmp_path / "run")
 
 
@@ -115,7 +117,7 @@ def test_output_folder_with_a_run_is_not_overwritten(no_spawn, script, tmp_path)
     (["--samples", "3", "--world-size", "4"], "error: samples=3 is fewer than world_size=4"),
     (["--lr", "nan"], "error: lr must be a finite number > 0, got nan."),
     (["--epochs", "0"], "error: epochs must be >= 1, got 0."),
-    (["--timeout", "-1"], "error: timeout must be a finite number of seconds > 0, got -1.0."),
+    (["--timeout", "-1"], "error: timeout must be a finite number > 0, got -1.0."),
 ])
 def test_cli_prints_the_sentence_and_exits_non_zero(no_spawn, tmp_path, capsys, argv, message):
     assert cli_main(["train", "--out", str(tmp_path / "run"), *argv]) == 2
@@ -133,7 +135,7 @@ def test_cli_error_has_no_traceback(tmp_path):
 
 def test_default_run_folder_is_named_after_the_script(tmp_path, monkeypatch, script):
     monkeypatch.chdir(tmp_path)
-    module_plan = launch.plan_launch("dp_helpers.scripts.train", (), 2, "gloo", None, 60, 1, 0, None, None, None)
-    file_plan = launch.plan_launch(script, (), 2, "gloo", None, 60, 1, 0, None, None, None)
+    module_plan = command.plan_launch("dp_helpers.scripts.train", (), 2, "gloo", None, 60, 1, 0, None, None, None)
+    file_plan = command.plan_launch(script, (), 2, "gloo", None, 60, 1, 0, None, None, None)
     assert module_plan.run_dir.parent == tmp_path / "runs" and module_plan.run_dir.name.split("-")[2] == "train"
     assert file_plan.run_dir.name.split("-")[2] == "worker"

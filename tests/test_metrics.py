@@ -5,6 +5,7 @@ import math
 
 import pytest
 
+from dp_helpers.checks import UsageError
 from dp_helpers.metrics import MetricsFormatError, MetricsTail, MetricsWriter, read_metrics
 
 
@@ -67,7 +68,7 @@ def test_malformed_middle_line_names_file_and_line(tmp_path, bad, words):
 
 
 def test_missing_run_folder(tmp_path):
-    with pytest.raises(FileNotFoundError, match="run folder not found"):
+    with pytest.raises(UsageError, match="run folder not found"):
         read_metrics(tmp_path / "nope")
 
 

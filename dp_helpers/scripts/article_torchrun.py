@@ -6,7 +6,6 @@ python -m torch.distributed.run --standalone --nproc-per-node 2 -m dp_helpers.sc
 
 import torch.nn as nn
 import torch.optim as optim
-from torch.distributed.elastic.multiprocessing.errors import record
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
@@ -15,34 +14,29 @@ from dp_helpers.data import make_synthetic
 from dp_helpers.models import build_model
 
 
-@record
-def train(epochs=10):
-    """The source article's training loop, one process per rank under torchrun."""
-    info = dph.setup()
-    try:
-        model = build_model("linear", 10, seed=0).to(info.device)
-        model = dph.wrap_ddp(model, info)
-        dataset = make_synthetic(100, 10, seed=0)
-        sampler = DistributedSampler(dataset, num_replicas=info.world_size, rank=info.rank)
-        data_loader = DataLoader(dataset, batch_size=10, sampler=sampler)
-        optimizer = optim.SGD(model.parameters(), lr=0.01)
-        criterion = nn.BCELoss()
-        for epoch in range(epochs):
-            sampler.set_epoch(epoch)
-            loss_sum, count = 0.0, 0
-            for inputs, targets in data_loader:
-                inputs, targets = inputs.to(info.device), targets.to(info.device)
-                optimizer.zero_grad()
-                outputs = model(inputs)
-                loss = criterion(outputs, targets.unsqueeze(1))
-                loss.backward()
-                optimizer.step()
-                loss_sum, count = loss_sum + loss.item() * len(inputs), count + len(inputs)
-            mean = dph.epoch_mean_loss(loss_sum, count, info)  # every rank: it is a collective
-            dph.print0(info, f"epoch {epoch} mean loss {mean:.4f}")
-    finally:
-        dph.teardown()
+def train(info: dph.DistInfo, epochs: int = 10) -> None:
+    """The source article's training loop, one process per rank under torchrun (dph.worker joins and leaves the group)."""
+    model = build_model("linear", 10, seed=0).to(info.device)
+    model = dph.wrap_ddp(model, info)
+    dataset = make_synthetic(100, 10, seed=0)
+    sampler = DistributedSampler(dataset, num_replicas=info.world_size, rank=info.rank)
+    data_loader = DataLoader(dataset, batch_size=10, sampler=sampler)
+    optimizer = optim.SGD(model.parameters(), lr=0.01)
+    criterion = nn.BCELoss()
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        loss_sum, count = 0.0, 0
+        for inputs, targets in data_loader:
+            inputs, targets = inputs.to(info.device), targets.to(info.device)
+            optimizer.zero_grad()
+            outputs = model(inputs)
+            loss = criterion(outputs, targets.unsqueeze(1))
+            loss.backward()
+            optimizer.step()
+            loss_sum, count = loss_sum + loss.item() * len(inputs), count + len(inputs)
+        mean = dph.epoch_mean_loss(loss_sum, count, info)  # every rank: it is a collective
+        dph.print0(info, f"epoch {epoch} mean loss {mean:.4f}")
 
 
 if __name__ == "__main__":
-    dph.exit_after(train)
+    dph.worker(train)

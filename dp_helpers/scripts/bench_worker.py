@@ -9,7 +9,6 @@ from functools import partial
 
 import torch
 import torch.distributed as dist
-from torch.distributed.elastic.multiprocessing.errors import record
 
 from dp_helpers import dist as dph
 from dp_helpers.collectives import ring_all_reduce
@@ -144,20 +143,15 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-@record
-def main() -> None:
+def main(info: dph.DistInfo) -> None:
     """Measure on every rank; rank 0 writes bench.json with every rank's numbers."""
     args = parse_args()
-    info = dph.setup()
-    try:
-        problem = precision_problem(info.device, args.precision)
-        if problem:
-            raise ValueError(problem)
-        modes = {"train": train_mode, "dataparallel": dataparallel_mode, "allreduce": allreduce_mode}
-        dph.gather_to_file(info, modes[args.mode](args, info), "bench.json")
-    finally:
-        dph.teardown()
+    problem = precision_problem(info.device, args.precision)
+    if problem:
+        raise ValueError(problem)
+    modes = {"train": train_mode, "dataparallel": dataparallel_mode, "allreduce": allreduce_mode}
+    dph.gather_to_file(info, modes[args.mode](args, info), "bench.json")
 
 
 if __name__ == "__main__":
-    dph.exit_after(main)
+    dph.worker(main)

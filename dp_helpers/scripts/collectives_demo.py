@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch.distributed.elastic.multiprocessing.errors import record
 
 from dp_helpers import dist as dph
 
@@ -34,18 +33,13 @@ def demos(info: dph.DistInfo) -> dict[str, tuple[list, list]]:
     return {name: (before, after.tolist()) for name, after in out.items()}
 
 
-@record
-def main() -> None:
+def main(info: dph.DistInfo) -> None:
     """Every rank runs every collective and prints its lines; rank 0 writes the gathered table."""
-    info = dph.setup()
-    try:
-        mine = demos(info)
-        for name, (before, after) in mine.items():
-            print(f"{name:<42} before {before}  after {after}", flush=True)
-        dph.gather_to_file(info, mine, "collectives.json")
-    finally:
-        dph.teardown()
+    mine = demos(info)
+    for name, (before, after) in mine.items():
+        print(f"{name:<42} before {before}  after {after}", flush=True)
+    dph.gather_to_file(info, mine, "collectives.json")
 
 
 if __name__ == "__main__":
-    main()
+    dph.worker(main)

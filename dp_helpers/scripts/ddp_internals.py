@@ -20,12 +20,11 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (
     bf16_compress_hook,
     fp16_compress_hook,
 )
-from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dp_helpers import dist as dph
 from dp_helpers.models import MLP, build_model
-from dp_helpers.training import autocast
+from dp_helpers.training import autocast, bce_loss
 
 
 def wide_mlp(info: dph.DistInfo) -> torch.nn.Module:
@@ -44,7 +43,7 @@ def step_once(model, info: dph.DistInfo, step: int) -> None:
     """Forward and backward one batch (gradients are all-reduced by DDP during the backward)."""
     x, y = batch(info, step)
     model.zero_grad(set_to_none=True)
-    torch.nn.functional.binary_cross_entropy(model(x), y).backward()
+    bce_loss(model(x), y).backward()
 
 
 def timed_hook(state: dict, bucket):
@@ -152,7 +151,7 @@ def train_with_hook(info: dph.DistInfo, hook, steps: int, precision: str = "fp32
             opt.zero_grad()
             with autocast(info.device, precision):  # the forward's matrix products in bf16/fp16
                 out = model(x.to(info.device))
-            loss = torch.nn.functional.binary_cross_entropy(out.float(), y.to(info.device))
+            loss = bce_loss(out.float(), y.to(info.device))
             loss.backward()
             opt.step()
             losses.append(loss.item())
@@ -192,8 +191,7 @@ EXPERIMENTS = {
 }
 
 
-@record
-def main() -> None:
+def main(info: dph.DistInfo) -> None:
     """Run the chosen experiments on every rank; rank 0 writes <experiment>.json for each."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--experiment", choices=sorted(EXPERIMENTS), nargs="+", required=True)
@@ -201,13 +199,9 @@ def main() -> None:
     parser.add_argument("--caps", type=float, nargs="+", default=[0.25, 1.0, 4.0, 25.0],
                         help="the sweep's caps, after torch's default")
     args = parser.parse_args()
-    info = dph.setup()
-    try:
-        for name in args.experiment:  # several in one launch: the process start-up is paid once
-            dph.gather_to_file(info, EXPERIMENTS[name](info, args), f"{name}.json")
-    finally:
-        dph.teardown()
+    for name in args.experiment:  # several in one launch: the process start-up is paid once
+        dph.gather_to_file(info, EXPERIMENTS[name](info, args), f"{name}.json")
 
 
 if __name__ == "__main__":
-    dph.exit_after(main)
+    dph.worker(main)

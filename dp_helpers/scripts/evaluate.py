@@ -6,11 +6,11 @@ import argparse
 
 import torch
 import torch.distributed as dist
-from torch.distributed.elastic.multiprocessing.errors import record
 
 from dp_helpers import dist as dph
 from dp_helpers.data import make_synthetic, sampler_indices
 from dp_helpers.models import build_model
+from dp_helpers.training import bce_loss
 
 
 def sums(model, data, indices: list[int], device) -> torch.Tensor:
@@ -18,7 +18,7 @@ def sums(model, data, indices: list[int], device) -> torch.Tensor:
     x, y = data.data[indices].to(device), data.target[indices].to(device)
     with torch.no_grad():
         p = model(x).squeeze(1)
-    loss = torch.nn.functional.binary_cross_entropy(p, y, reduction="sum")
+    loss = bce_loss(p, y, reduction="sum")
     return torch.stack([loss, ((p > 0.5).float() == y).sum(), torch.tensor(float(len(indices)), device=device)])
 
 
@@ -36,18 +36,13 @@ def evaluate(samples: int, info: dph.DistInfo) -> dict:
                       "samples": int(exact[2])}}
 
 
-@record
-def main() -> None:
+def main(info: dph.DistInfo) -> None:
     """Evaluate on every rank; rank 0 writes eval.json."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=10)
     args = parser.parse_args()
-    info = dph.setup()
-    try:
-        dph.gather_to_file(info, evaluate(args.samples, info), "eval.json")
-    finally:
-        dph.teardown()
+    dph.gather_to_file(info, evaluate(args.samples, info), "eval.json")
 
 
 if __name__ == "__main__":
-    main()
+    dph.worker(main)

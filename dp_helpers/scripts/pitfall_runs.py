@@ -12,11 +12,11 @@ import argparse
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.join import Join
-from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dp_helpers import dist as dph
 from dp_helpers.models import build_model
+from dp_helpers.training import bce_loss
 
 
 def batch(rank: int, i: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -31,7 +31,7 @@ def train_batches(model, n_batches: int, info: dph.DistInfo) -> int:
     for i in range(n_batches):
         x, y = batch(info.rank, i)
         opt.zero_grad()
-        torch.nn.functional.binary_cross_entropy(model(x.to(info.device)), y.to(info.device)).backward()
+        bce_loss(model(x.to(info.device)), y.to(info.device)).backward()
         opt.step()
     return n_batches
 
@@ -62,7 +62,7 @@ def join_replay(world_size: int) -> dict:
         opt.zero_grad()
         for rank in (r for r in range(world_size) if i < batches_of(r)):  # a joined rank contributes zeros
             x, y = batch(rank, i)
-            (torch.nn.functional.binary_cross_entropy(model(x), y) / world_size).backward()
+            (bce_loss(model(x), y) / world_size).backward()
         opt.step()
     return {k: v.tolist() for k, v in model.state_dict().items()}
 
@@ -119,19 +119,14 @@ CASES = {
 }
 
 
-@record
-def main() -> None:
+def main(info: dph.DistInfo) -> None:
     """Run the chosen cases on every rank; rank 0 writes <case>.json as each finishes."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", choices=sorted(CASES), nargs="+", required=True)
     args = parser.parse_args()
-    info = dph.setup()
-    try:
-        for name in args.case:  # several in one launch: the process start-up is paid once
-            dph.gather_to_file(info, CASES[name](info), f"{name}.json")
-    finally:
-        dph.teardown()
+    for name in args.case:  # several in one launch: the process start-up is paid once
+        dph.gather_to_file(info, CASES[name](info), f"{name}.json")
 
 
 if __name__ == "__main__":
-    dph.exit_after(main)
+    dph.worker(main)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch.distributed.elastic.multiprocessing.errors import record
 
 from dp_helpers import dist as dph
 from dp_helpers.collectives import naive_ring_all_reduce, ring_all_reduce
@@ -29,17 +28,12 @@ def check(shape, dtype, info: dph.DistInfo) -> dict:
             "ring_error": err(ring), "naive_error": err(naive), "ring_bytes": ring_sent, "naive_bytes": naive_sent}
 
 
-@record
-def main() -> None:
+def main(info: dph.DistInfo) -> None:
     """Check every case on every rank; rank 0 writes all ranks' results."""
-    info = dph.setup()
-    try:
-        mine = [check(shape, dtype, info) for shape, dtype in shapes(info.world_size)]
-        dph.gather_to_file(info, mine, "ring.json")
-        dph.print0(info, f"{len(mine)} cases checked on {info.world_size} ranks")
-    finally:
-        dph.teardown()
+    mine = [check(shape, dtype, info) for shape, dtype in shapes(info.world_size)]
+    dph.gather_to_file(info, mine, "ring.json")
+    dph.print0(info, f"{len(mine)} cases checked on {info.world_size} ranks")
 
 
 if __name__ == "__main__":
-    main()
+    dph.worker(main)

@@ -1,7 +1,9 @@
 """The source article's DDP example made correct: sampler with set_epoch, rank-0 output, derived device, clean teardown (notebooks 03, 04).
 
-Run it through `python -m dp_helpers train`, or directly:
+Run it through `python -m dp_helpers train`, under torchrun:
     python -m torch.distributed.run --standalone --nproc-per-node 2 -m dp_helpers.scripts.train --out runs/x
+or alone, as a group of one process that a debugger can step through:
+    python dp_helpers/scripts/train.py --epochs 2
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dp_helpers import dist as dph
@@ -25,10 +26,10 @@ from dp_helpers.collectives import (
 )
 from dp_helpers.config import TrainConfig, config_from_args, validate, worker_parser
 from dp_helpers.data import make_loader, make_synthetic, shard_plan
-from dp_helpers.env import seed_everything
 from dp_helpers.metrics import MetricsWriter
 from dp_helpers.models import build_model
-from dp_helpers.training import accumulate_step, make_optimizer
+from dp_helpers.runs import write_atomic, write_text_atomic
+from dp_helpers.training import accumulate_step, make_optimizer, seed_everything
 
 
 def counting_hook(state: dict, bucket):
@@ -90,31 +91,28 @@ def run_epoch(epoch: int, step: int, model, loader, optimizer, writer: MetricsWr
 def save_checkpoint(path: str, model, optimizer, epoch: int, step: int, info: dph.DistInfo) -> None:
     """Rank 0 writes model, optimizer and position whole, then renames it into place; every rank waits for it."""
     if info.is_main:
-        state = {"model": getattr(model, "module", model).state_dict(), "optimizer": optimizer.state_dict(),
+        state = {"model": dph.unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
                  "epoch": epoch, "step": step}
-        torch.save(state, path + ".tmp")
-        os.replace(path + ".tmp", path)
+        write_atomic(path, lambda tmp: torch.save(state, tmp))
     dist.barrier()  # nobody reads the file before it is complete
 
 
 def load_checkpoint(path: str, model, optimizer, info: dph.DistInfo) -> tuple[int, int]:
     """Every rank loads the checkpoint onto its own device; returns (next epoch, next step)."""
     state = torch.load(path, map_location=info.device, weights_only=True)
-    getattr(model, "module", model).load_state_dict(state["model"])
+    dph.unwrap(model).load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     return state["epoch"], state["step"]
 
 
 def save_outputs(out: Path, model, summary: dict) -> None:
     """Rank 0 only: the unwrapped state_dict and the summary, each written whole then renamed into place."""
-    tmp = out / "model.pt.tmp"
-    torch.save({k: v.cpu() for k, v in getattr(model, "module", model).state_dict().items()}, tmp)
-    os.replace(tmp, out / "model.pt")
-    (out / "summary.json.tmp").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    os.replace(out / "summary.json.tmp", out / "summary.json")
+    weights = {k: v.cpu() for k, v in dph.unwrap(model).state_dict().items()}
+    write_atomic(out / "model.pt", lambda tmp: torch.save(weights, tmp))
+    write_text_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
 
 
-def train(cfg: TrainConfig, out: Path, info: dph.DistInfo) -> dict:
+def train(cfg: TrainConfig, info: dph.DistInfo) -> dict:
     """Train with DDP and return the summary (every rank runs every collective; rank 0 reports)."""
     seed_everything(cfg.seed)
     model, comm = prepare_model(cfg, info), {"allreduces": 0, "bytes": 0}
@@ -125,7 +123,7 @@ def train(cfg: TrainConfig, out: Path, info: dph.DistInfo) -> dict:
     optimizer, losses, start = make_optimizer(model, cfg.lr, cfg.momentum), [], time.perf_counter()
     first, step = load_checkpoint(cfg.resume, model, optimizer, info) if cfg.resume else (0, 0)
     last = min(cfg.epochs, cfg.stop_after) if cfg.stop_after else cfg.epochs
-    with MetricsWriter(out, info.rank, info.world_size) as writer:
+    with MetricsWriter(info.run_dir, info.rank, info.world_size) as writer:
         for epoch in range(first, last):
             sampler.set_epoch(epoch)  # without it every epoch repeats the same order
             step, loss_sum, count = run_epoch(epoch, step, model, loader, optimizer, writer, cfg, info)
@@ -135,7 +133,7 @@ def train(cfg: TrainConfig, out: Path, info: dph.DistInfo) -> dict:
                 save_checkpoint(cfg.checkpoint, model, optimizer, epoch + 1, step, info)
     summary = make_summary(cfg, info, step, losses, comm, time.perf_counter() - start)
     if info.is_main:
-        save_outputs(out, model, summary)
+        save_outputs(info.run_dir, model, summary)
     return summary
 
 
@@ -151,18 +149,20 @@ def make_summary(cfg: TrainConfig, info: dph.DistInfo, step: int, losses: list, 
             "train_seconds": round(seconds, 3), "torch": torch.__version__}
 
 
-@record
 def main(argv: list[str] | None = None) -> None:
-    """Parse flags, join the group, train, always tear down."""
+    """Parse flags, then train as one rank of the group (a group of one without torchrun)."""
     args = worker_parser().parse_args(argv)
     cfg = config_from_args(args)
-    info = dph.setup()
-    try:
+
+    def run(info: dph.DistInfo) -> None:
+        """Check the config against the world size, train, say where the results are."""
         validate(cfg, info.world_size)
-        train(cfg, Path(args.out), info)
-    finally:
-        dph.teardown()
+        train(cfg, info)
+        if "DP_RUN_DIR" not in os.environ:  # run alone or by a bare torchrun: say where the results are
+            dph.print0(info, f"run folder: {info.run_dir}")
+
+    dph.worker(run, run_dir=args.out)
 
 
 if __name__ == "__main__":
-    dph.exit_after(main)
+    main()

@@ -1,0 +1,31 @@
+"""Input checks shared by the CLI, the launcher and the benchmark: one error type, one sentence each (torch-free)."""
+
+from __future__ import annotations
+
+import math
+
+
+class UsageError(ValueError):
+    """Bad input, refused in one sentence before anything starts; the CLI prints it without a traceback."""
+
+
+def check_int(name: str, value, minimum: int) -> None:
+    """Refuse a value that is not a real int (bools too) or is below minimum."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UsageError(f"{name} must be an int, got {value!r} ({type(value).__name__}).")
+    if value < minimum:
+        raise UsageError(f"{name} must be >= {minimum}, got {value}.")
+
+
+def check_positive_number(name: str, value) -> None:
+    """Refuse a value that is not a finite number > 0 (NaN and inf too)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise UsageError(f"{name} must be a number, got {value!r} ({type(value).__name__}).")
+    if not (math.isfinite(value) and value > 0):
+        raise UsageError(f"{name} must be a finite number > 0, got {value}.")
+
+
+def check_choice(name: str, value, choices) -> None:
+    """Refuse a value that is not one of choices."""
+    if value not in choices:
+        raise UsageError(f"{name} must be one of {', '.join(map(str, choices))}, got {value!r}.")

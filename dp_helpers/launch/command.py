@@ -1,0 +1,77 @@
+"""The launch plan: the command that starts torchrun, the workers' environment and the run folder."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..checks import check_int
+from ..env import cpu_cores, resolve_backend
+from ..runs import prepare_run_dir
+from .args import check_args, check_nodes, plan_world_size, resolve_target
+
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent.parent
+GRACE_S = 3.0  # seconds a stopped process gets between SIGTERM and SIGKILL
+JOIN_TIMEOUT_S = 60  # seconds node 0 waits for the other nodes (torchrun's default: 600)
+
+
+@dataclass
+class LaunchPlan:
+    """A validated launch: the command, its environment and where it writes."""
+
+    command: list[str]
+    env: dict[str, str]
+    run_dir: Path
+    world_size: int
+    backend: str
+    timeout: float
+    progress: int | None = None
+
+
+def child_env(run_dir: Path, world_size: int, backend: str, nnodes: int, extra,
+              local_rdzv: bool = True) -> dict[str, str]:
+    """The workers' environment: rank-prefixed lines, one thread per rank share of cores, gloo on loopback."""
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, cpu_cores() // (world_size // nnodes))))
+    if backend == "gloo" and local_rdzv and sys.platform.startswith("linux"):
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # the hostname's interface is flaky on CI runners
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_ROOT), env.get("PYTHONPATH")) if p)
+    env.update(PYTHONUNBUFFERED="1", MPLBACKEND="Agg", DP_BACKEND=backend, DP_RUN_DIR=str(run_dir),
+               DP_LAUNCHER_PID=str(os.getpid()),
+               TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE=f"[rank ${{rank}}/{world_size}] ")
+    env.update(extra or {})
+    return env
+
+
+def torchrun_command(target: list[str], script_args, run_dir: Path, world_size: int, nnodes: int,
+                     rdzv_endpoint: str | None) -> list[str]:
+    """torchrun's command line, started through dp_helpers.launch.agent (same flags as `python -m torch.distributed.run`)."""
+    if nnodes == 1:
+        rdzv = ["--standalone"]  # the store binds a free port itself: no fixed port, no race
+    else:  # c10d's rank order follows arrival, so no --node-rank: it would be ignored
+        rdzv = ["--nnodes", str(nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", rdzv_endpoint,
+                "--rdzv-id", "dp_helpers", "--rdzv-conf", f"join_timeout={JOIN_TIMEOUT_S}"]
+    return [sys.executable, "-m", "dp_helpers.launch.agent", *rdzv,
+            "--nproc-per-node", str(world_size // nnodes), "--max-restarts", "0",
+            "--tee", "3", "--log-dir", str(run_dir / "logs"), "--shutdown-timeout", str(int(GRACE_S)),
+            "--monitor-interval", "0.1", *target, *map(str, script_args)]
+
+
+def plan_launch(script, script_args, world_size, backend, out_dir, timeout, nnodes, node_rank,
+                rdzv_endpoint, env, progress) -> LaunchPlan:
+    """Validate everything and build the launch, or raise one clear sentence before anything starts."""
+    target = resolve_target(script)
+    check_args(script_args, env, timeout)
+    world_size = plan_world_size(world_size, backend)
+    check_nodes(world_size, nnodes, node_rank, rdzv_endpoint)
+    if progress is not None:
+        check_int("progress", progress, 1)
+    backend = resolve_backend(backend, world_size, local_world_size=world_size // nnodes)
+    name = target[-1].rsplit(".", 1)[-1] if target[0] == "-m" else Path(target[0]).stem
+    run_dir = prepare_run_dir(out_dir, name)
+    command = torchrun_command(target, script_args, run_dir, world_size, nnodes, rdzv_endpoint)
+    local = nnodes == 1 or str(rdzv_endpoint).rsplit(":", 1)[0] in ("127.0.0.1", "localhost")
+    return LaunchPlan(command, child_env(run_dir, world_size, backend, nnodes, env, local), run_dir,
+                      world_size, backend, float(timeout), progress)

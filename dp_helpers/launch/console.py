@@ -1,0 +1,111 @@
+"""Output streaming: every line torchrun and the workers print goes to console.log, worker lines to the screen."""
+
+from __future__ import annotations
+
+import queue
+import sys
+import threading
+import time
+from collections import deque
+
+from ..metrics import MetricsTail, metrics_dir
+from .command import GRACE_S, LaunchPlan
+from .diagnose import RunTimeoutError
+from .process import ProcessTree
+
+TAIL_LINES = 200  # kept in memory for error messages; console.log keeps every line
+
+
+def pump(stream, lines: queue.Queue) -> None:
+    """Reader thread: push each output line (bytes -> str, '\\r' kept) onto the queue, then None at EOF."""
+    for raw in iter(stream.readline, b""):
+        lines.put(raw.decode("utf-8", errors="replace"))
+    lines.put(None)
+
+
+class Console:
+    """Writes every line to <run>/console.log, echoes worker lines, and drives a progress bar that follows rank 0's metrics."""
+
+    def __init__(self, plan: LaunchPlan, echo: bool):
+        self.echo, self.tail = echo, deque(maxlen=TAIL_LINES)
+        self.path = plan.run_dir / "console.log"
+        self.file = self.path.open("w", encoding="utf-8")
+        self.metrics = MetricsTail(metrics_dir(plan.run_dir) / "rank0.jsonl")
+        self.bar = None
+        if plan.progress:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=plan.progress, desc="train", unit="step", leave=True)
+
+    def line(self, text: str) -> None:
+        """Log every line; show worker lines (torchrun's own chatter stays in the log)."""
+        self.file.write(text)
+        self.tail.append(text)
+        if self.echo and text.startswith("[rank "):
+            text = text.rstrip("\n")
+            if self.bar is not None:
+                self.bar.write(text, file=sys.stdout)
+            else:
+                print(text, flush=True)
+
+    def tick(self) -> None:
+        """Advance the bar by the steps rank 0 finished since the last tick; flush the log."""
+        self.file.flush()
+        if self.bar is not None:
+            self.bar.update(self.metrics.new_lines())
+
+    def close(self) -> None:
+        """Final tick, then close the bar and the log."""
+        self.tick()
+        if self.bar is not None:
+            self.bar.close()
+        self.file.close()
+
+    def last(self) -> str:
+        """The most recent lines (for error messages)."""
+        return "".join(self.tail)
+
+
+def start_reader(stdout) -> tuple[threading.Thread, queue.Queue]:
+    """A daemon thread that reads the pipe line by line into a queue."""
+    lines: queue.Queue = queue.Queue()
+    reader = threading.Thread(target=pump, args=(stdout, lines), daemon=True)
+    reader.start()
+    return reader, lines
+
+
+def drain(reader: threading.Thread, lines: queue.Queue, console: Console) -> None:
+    """After the tree is stopped: log what is still queued, wait for EOF, close the pipe (no descriptor leaks)."""
+    reader.join(timeout=GRACE_S)
+    while True:
+        try:
+            item = lines.get_nowait()
+        except queue.Empty:
+            break
+        if item:
+            console.line(item)
+
+
+def stream(tree: ProcessTree, plan: LaunchPlan, console: Console, lines: queue.Queue) -> None:
+    """Forward output until torchrun exits; enforce the deadline; never wait on a pipe orphans still hold."""
+    deadline, exited_at, last_scan = time.monotonic() + plan.timeout, None, 0.0
+    while True:
+        now = time.monotonic()
+        if now - last_scan > 0.5:
+            tree.remember()
+            console.tick()
+            last_scan = now
+        try:
+            item = lines.get(timeout=0.1)
+        except queue.Empty:
+            item = ""
+        if item is None:
+            break
+        if item:
+            console.line(item)
+        if exited_at is None and tree.proc.poll() is not None:
+            exited_at = now
+        if exited_at is not None and now - exited_at > GRACE_S:
+            break  # orphaned workers still hold the pipe; the tree kill deals with them
+        if now > deadline:
+            raise RunTimeoutError(f"run exceeded timeout={plan.timeout:g}s and was stopped.", run_dir=plan.run_dir)

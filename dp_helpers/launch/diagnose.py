@@ -1,0 +1,159 @@
+"""Why a run failed: which rank, its exit code and its exception, read from records, not from printed text.
+
+First source: `failures.json`, written by dp_helpers.launch.agent from torchrun's ChildFailedError
+(the exception comes from each rank's @record error file). Fallback, when torchrun itself died or an
+older agent ran: torchrun's printed "Root Cause" table, whose layout has changed between versions.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class DistributedRunError(RuntimeError):
+    """A launched run failed: names the failing rank(s), the exit code and the root-cause exception."""
+
+    def __init__(self, message: str, ranks: tuple[int, ...] = (), exit_code: int | None = None,
+                 cause: str = "", log_tail: str = "", run_dir: Path | None = None):
+        super().__init__(message)
+        self.ranks, self.exit_code, self.cause = ranks, exit_code, cause
+        self.log_tail, self.run_dir = log_tail, run_dir
+
+
+class RunTimeoutError(DistributedRunError, TimeoutError):
+    """A launched run exceeded its timeout and was stopped."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failed rank: its exit code, the signal that killed it ('' if none) and its exception line ('' if none)."""
+
+    rank: int
+    exit_code: int
+    exception: str = ""
+    signal: str = ""
+    timestamp: int = 0  # seconds since the epoch when torchrun saw it (0: unknown)
+
+
+def read_records(path: Path) -> list[Failure] | None:
+    """The failures the agent recorded, or None when there is no readable record."""
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8"))
+        return [Failure(int(r["rank"]), int(r["exit_code"]), str(r.get("exception", "")), str(r.get("signal", "")),
+                        int(r.get("timestamp", 0))) for r in rows]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+ENTRY_RE = re.compile(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)[^\n]*?(?:\n|$).*?error_file\s*:\s*(\S+)"
+                      r"(?:\s*\n\s*traceback\s*:\s*([^\n]*))?", re.S)
+
+
+def error_file_exception(error_file: str) -> str:
+    """The exception line a worker's @record error file holds, or '' if there is none."""
+    try:
+        data = json.loads(Path(error_file).read_text(encoding="utf-8"))
+        message = data["message"]
+        return str(message["message"] if isinstance(message, dict) else message).strip()
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+
+
+def parse_entry(rank: str, code: str, error_file: str, traceback: str | None) -> Failure:
+    """One entry of torchrun's table: the exception from its error file, else from its traceback line."""
+    exit_code, line = int(code), (traceback or "").strip()
+    signal = m.group(1) if (m := re.match(r"Signal \d+ \((\w+)\)", line)) else ""
+    exception = error_file_exception(error_file) if error_file != "<N/A>" else ""
+    if not exception and not signal and not line.startswith(("To enable traceback", "Traceback")):
+        exception = line
+    return Failure(int(rank), exit_code, exception, signal)
+
+
+def parse_table(log: str) -> list[Failure]:
+    """Fallback: the failures in torchrun's printed summary, the root cause first."""
+    if "Root Cause" not in log:
+        return []
+    failures_part, root_part = log.rsplit("Root Cause", 1)
+    failures_part = failures_part.rsplit("Failures:", 1)[-1]
+    root = [parse_entry(*m) for m in ENTRY_RE.findall(root_part)]
+    others = [parse_entry(*m) for m in ENTRY_RE.findall(failures_part)]
+    return root + [o for o in others if o.rank not in {r.rank for r in root}]
+
+
+def rank_output(log: str, rank: int) -> list[str]:
+    """Every line one rank printed (its '[rank r/W] ' prefixed lines)."""
+    return [line for line in log.splitlines() if line.startswith(f"[rank {rank}/")]
+
+
+def last_exception_line(log: str, rank: int) -> str:
+    """Without a recorded exception: the last 'SomethingError: …' line that rank printed."""
+    pattern = r"\w+(Error|Exception|Interrupt)\b|what\(\):|Fatal Python error"  # Python, C++ and fatal errors
+    hits = [ln for ln in rank_output(log, rank) if re.search(pattern, ln)]
+    return hits[-1].split("] ", 1)[-1].strip() if hits else ""
+
+
+VICTIM_RE = re.compile(r"Connection (closed|reset) by peer|remote worker crash|Broken pipe", re.I)
+STOP_SIGNALS = ("SIGTERM", "SIGKILL", "SIGINT", "SIGHUP")  # how torchrun (or a person) stops the other ranks
+
+
+def suspicion(f: Failure) -> int:
+    """0: raised its own exception; 1: crashed (SIGSEGV, SIGABRT, ...); 2: died of a peer's crash; 3: was stopped."""
+    if f.exit_code <= 0 or f.signal:
+        return 3 if (f.signal in STOP_SIGNALS or f.exit_code == 0) else 1
+    return 2 if VICTIM_RE.search(f.exception) else 0
+
+
+def culprit_first(found: list[Failure]) -> list[Failure]:
+    """The rank most likely to have caused the failure first, then the others; ties keep torchrun's time order."""
+    # torchrun's own root cause compares timestamps in whole seconds, so a victim can win a tie
+    return sorted(found, key=lambda f: (suspicion(f), f.timestamp))
+
+
+def last_lines(log: str, n: int = 40) -> str:
+    """The last n lines of the captured output, for error messages."""
+    return "\n".join(log.splitlines()[-n:])
+
+
+def find_failures(run_dir: Path, log: str) -> list[Failure]:
+    """The run's failures, culprit first: from the agent's record, else from torchrun's table; causes filled in from the log."""
+    found = read_records(run_dir / "failures.json")
+    found = parse_table(log) if found is None else found
+    found = [f if f.exception else Failure(f.rank, f.exit_code, last_exception_line(log, f.rank), f.signal)
+             for f in found]
+    return culprit_first(found)
+
+
+def cause_of(failure: Failure) -> str:
+    """The exception line, else the signal, else what is known."""
+    if failure.exception:
+        return failure.exception
+    return f"killed by {failure.signal}" if failure.signal else "no exception recorded (killed by a signal?)"
+
+
+def describe(first: Failure) -> str:
+    """'rank r failed with exit code c: <cause>' for the culprit."""
+    cause = cause_of(first)
+    message = f"rank {first.rank} failed with exit code {first.exit_code}: {cause}"
+    if "Timed out" in cause:
+        message += " (this rank waited for a peer that never arrived: the hung rank may be another one)"
+    return message
+
+
+def failure(rc: int, log: str, run_dir: Path) -> DistributedRunError:
+    """The error for a failed run: root-cause rank, exit code and exception, the others, then the log tail."""
+    tail, found = last_lines(log), find_failures(run_dir, log)
+    if not found:
+        return DistributedRunError(f"torchrun exited with code {rc} before any rank reported a failure; "
+                                   f"last output:\n{tail}", exit_code=rc, log_tail=tail, run_dir=run_dir)
+    first, message = found[0], describe(found[0])
+    if found[1:]:
+        message += " [then stopped: " + ", ".join(f"rank {f.rank} (exit code {f.exit_code})" for f in found[1:]) + "]"
+    own = "\n".join(rank_output(log, first.rank)[-20:])
+    if own and (first.exit_code < 0 or own not in tail):  # a signal leaves no exception: the rank's output is the clue
+        message += f"\nrank {first.rank}'s last lines:\n{own}"
+    return DistributedRunError(f"{message}\nlast output:\n{tail}", ranks=tuple(f.rank for f in found),
+                               exit_code=first.exit_code, cause=cause_of(first),
+                               log_tail=tail, run_dir=run_dir)

@@ -1,0 +1,70 @@
+"""run_ddp(): start torchrun, stream it, stop everything it started, and explain a failure (taught in notebook 03)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..metrics import metrics_dir, read_metrics
+from .command import GRACE_S, plan_launch
+from .console import Console, drain, start_reader, stream
+from .diagnose import RunTimeoutError, failure, last_lines
+from .process import ProcessTree, start
+
+
+@dataclass
+class RunResult:
+    """What a finished run left: exit code, run folder, wall time, the captured log and the metrics."""
+
+    returncode: int
+    run_dir: Path
+    wall_time: float
+    log: str
+    command: list[str]
+    world_size: int
+    backend: str
+
+    @property
+    def metrics(self) -> list[dict]:
+        """All ranks' metric records (empty when the script wrote none)."""
+        return read_metrics(self.run_dir) if metrics_dir(self.run_dir).is_dir() else []
+
+    @property
+    def summary(self) -> dict | None:
+        """The run's summary.json, if the script wrote one."""
+        path = self.run_dir / "summary.json"
+        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def run_ddp(script, *script_args, world_size: int | None = None, backend: str = "auto", out_dir=None,
+            timeout: float = 600, nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None,
+            env: Mapping[str, str] | None = None, progress: int | None = None, echo: bool = True) -> RunResult:
+    """Run a .py script or a module under torchrun with world_size processes; raise DistributedRunError if a rank fails."""
+    # RunTimeoutError after `timeout` seconds; KeyboardInterrupt is re-raised; in every case the whole
+    # process tree is gone first. `progress`: the steps rank 0 will log, for a progress bar.
+    plan = plan_launch(script, script_args, world_size, backend, out_dir, timeout, nnodes, node_rank,
+                       rdzv_endpoint, env, progress)
+    console, began = Console(plan, echo), time.monotonic()
+    tree = ProcessTree(start(plan.command, plan.env))
+    reader, lines = start_reader(tree.proc.stdout)
+    try:
+        stream(tree, plan, console, lines)
+        tree.proc.wait(timeout=GRACE_S * 3)
+    except RunTimeoutError as exc:
+        stopped = tree.kill()
+        tail = last_lines(console.last())
+        raise RunTimeoutError(f"{exc} Stopped {stopped} process(es); last output:\n{tail}",
+                              log_tail=tail, run_dir=plan.run_dir) from None
+    finally:  # also on KeyboardInterrupt (the notebook's stop button), which then propagates
+        tree.kill()  # stops the tree if it still runs, reaps, stops orphans that outlived torchrun
+        drain(reader, lines, console)
+        tree.proc.stdout.close()
+        console.close()
+    log = console.path.read_text(encoding="utf-8")
+    if tree.proc.returncode != 0:
+        raise failure(tree.proc.returncode, log, plan.run_dir)
+    return RunResult(tree.proc.returncode, plan.run_dir, time.monotonic() - began, log,
+                     plan.command, plan.world_size, plan.backend)

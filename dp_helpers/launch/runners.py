@@ -1,0 +1,25 @@
+"""Convenience runners the notebooks and tests use: the training job, and a script that leaves JSON behind."""
+
+from __future__ import annotations
+
+import json
+
+from .run import RunResult, run_ddp
+
+
+def run_train(world_size: int, echo: bool = False, out_dir=None, timeout: float = 600,
+              **changes) -> tuple[RunResult, dict]:
+    """The training job with some TrainConfig fields changed; returns the run and its final (unwrapped) weights."""
+    import torch
+
+    from ..config import TrainConfig
+
+    run = run_ddp("dp_helpers.scripts.train", *TrainConfig(**changes).as_args(), world_size=world_size, echo=echo,
+                  out_dir=out_dir, timeout=timeout)
+    return run, torch.load(run.run_dir / "model.pt", map_location="cpu", weights_only=True)
+
+
+def run_json(script: str, name: str, *args, world_size: int = 2, echo: bool = False, **kwargs) -> list:
+    """Run dp_helpers.scripts.<script> and return the per-rank list its rank 0 wrote to <name>.json."""
+    run = run_ddp(f"dp_helpers.scripts.{script}", *args, world_size=world_size, echo=echo, **kwargs)
+    return json.loads((run.run_dir / f"{name}.json").read_text(encoding="utf-8"))

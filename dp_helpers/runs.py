@@ -1,0 +1,53 @@
+"""The run folder: a fresh one per run, refused when it already holds a run, files written whole (torch-free).
+
+Every launcher and every script writes here: `run_ddp` creates it and tells the workers its path
+(`DP_RUN_DIR`), a script started without a launcher creates its own (notebook 03).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from .checks import UsageError
+from .metrics import metrics_dir
+
+
+def fresh_run_dir(name: str) -> Path:
+    """A new, unique folder name under runs/ for a run of `name`."""
+    return Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}-{uuid.uuid4().hex[:6]}"
+
+
+def prepare_run_dir(out_dir, name: str) -> Path:
+    """Create the run folder (a fresh one under runs/ by default); refuse one that is unwritable or already holds a run."""
+    run_dir = Path(fresh_run_dir(name) if out_dir is None else out_dir).expanduser().resolve()
+    if metrics_dir(run_dir).exists() or (run_dir / "summary.json").exists():
+        raise UsageError(f"output folder {run_dir} already holds a run; choose a new folder or delete it.")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(f"output folder {run_dir} is not writable ({exc.strerror}).") from None
+    return run_dir
+
+
+def write_atomic(path, write: Callable[[Path], None]) -> Path:
+    """Call write(tmp) on a temporary name beside `path`, then rename it into place: readers never see half a file."""
+    path = Path(path)
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)  # atomic on one file system: the old file or the new one, never a mix
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def write_text_atomic(path, text: str) -> Path:
+    """Write a text file whole (see write_atomic)."""
+    return write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))

@@ -1,0 +1,116 @@
+"""Failure diagnosis on canned inputs: the agent's records, torchrun's printed table (with and without error files), signals, victims."""
+
+import json
+
+import pytest
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+from dp_helpers.launch.agent import failure_records
+from dp_helpers.launch.diagnose import (
+    DistributedRunError,
+    Failure,
+    culprit_first,
+    failure,
+    parse_table,
+)
+
+ENTRY = """[{idx}]:
+  time      : 2026-11-30_18:40:01
+  host      : box
+  rank      : {rank} (local_rank: {rank})
+  exitcode  : {code} (pid: {pid})
+  error_file: {error_file}
+  traceback : {traceback}"""
+
+
+def table(root: str, others: list[str]) -> str:
+    """torchrun's ChildFailedError summary around the given entries."""
+    bar, line = "=" * 60, "-" * 60
+    failures = "\n".join(others) if others else "  <NO_OTHER_FAILURES>"
+    return (f"torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n{bar}\nworker.py FAILED\n{line}\n"
+            f"Failures:\n{failures}\n{line}\nRoot Cause (first observed failure):\n{root}\n{bar}\n")
+
+
+def error_file(tmp_path, rank: int, message: str) -> str:
+    """An error file as @record writes it."""
+    path = tmp_path / f"error{rank}.json"
+    path.write_text(json.dumps({"message": {"message": message, "extraInfo": {"py_callstack": "...", "timestamp": "1"}}}))
+    return str(path)
+
+
+def records(tmp_path, *rows: dict) -> None:
+    """A failures.json as the agent writes it."""
+    (tmp_path / "failures.json").write_text(json.dumps(list(rows)))
+
+
+def test_records_name_the_rank_that_raised(tmp_path):
+    records(tmp_path, {"rank": 0, "exit_code": -15, "signal": "SIGTERM", "exception": "", "timestamp": 5},
+            {"rank": 1, "exit_code": 1, "signal": "", "exception": "ValueError: boom", "timestamp": 5})
+    err = failure(1, "[rank 1/2] Traceback ...\n", tmp_path)
+    assert err.ranks == (1, 0) and err.exit_code == 1 and err.cause == "ValueError: boom"
+    assert str(err).startswith("rank 1 failed with exit code 1: ValueError: boom [then stopped: rank 0 (exit code -15)]")
+
+
+def test_records_win_over_the_printed_table(tmp_path):
+    records(tmp_path, {"rank": 1, "exit_code": 1, "exception": "KeyError: 'x'"})
+    log = table(ENTRY.format(idx=0, rank=0, code=1, pid=9, error_file="<N/A>", traceback="To enable traceback see: x"), [])
+    assert failure(1, log, tmp_path).ranks == (1,)
+
+
+def test_table_with_an_error_file(tmp_path):
+    root = ENTRY.format(idx=0, rank=1, code=1, pid=11, error_file=error_file(tmp_path, 1, "RuntimeError: from the file"),
+                        traceback="Traceback (most recent call last):\n    File \"worker.py\", line 3")
+    other = ENTRY.format(idx=1, rank=0, code=-15, pid=10, error_file="<N/A>",
+                         traceback="Signal 15 (SIGTERM) received by PID 10")
+    found = parse_table(table(root, [other]))
+    assert found == [Failure(1, 1, "RuntimeError: from the file"), Failure(0, -15, "", "SIGTERM")]
+
+
+def test_table_without_error_files_takes_the_exception_from_the_ranks_output(tmp_path):
+    root = ENTRY.format(idx=0, rank=1, code=1, pid=11, error_file="<N/A>",
+                        traceback="To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html")
+    log = "[rank 1/2] Traceback (most recent call last):\n[rank 1/2] ZeroDivisionError: division by zero\n"
+    err = failure(1, log + table(root, []), tmp_path)
+    assert err.ranks == (1,) and err.cause == "ZeroDivisionError: division by zero"
+
+
+def test_a_signal_death_is_named_and_shows_the_ranks_last_lines(tmp_path):
+    records(tmp_path, {"rank": 0, "exit_code": -15, "signal": "SIGTERM"}, {"rank": 1, "exit_code": -11, "signal": "SIGSEGV"})
+    err = failure(1, "[rank 1/2] last words\n[rank 0/2] waiting\n" + "torchrun chatter\n" * 50, tmp_path)
+    assert err.ranks == (1, 0) and "exit code -11: killed by SIGSEGV" in str(err)
+    assert "rank 1's last lines:\n[rank 1/2] last words" in str(err)
+
+
+def test_a_rank_that_died_of_its_peer_comes_second(tmp_path):
+    records(tmp_path, {"rank": 0, "exit_code": 1, "exception": "RuntimeError: Connection closed by peer", "timestamp": 4},
+            {"rank": 1, "exit_code": 1, "exception": "ValueError: the real one", "timestamp": 5})
+    assert failure(1, "", tmp_path).ranks == (1, 0)
+
+
+def test_a_timeout_says_the_hung_rank_may_be_another(tmp_path):
+    records(tmp_path, {"rank": 0, "exit_code": 1, "exception": "DistBackendError: Timed out waiting 5000ms"})
+    assert "the hung rank may be another one" in str(failure(1, "", tmp_path))
+
+
+def test_no_failure_reported(tmp_path):
+    err = failure(3, "rendezvous failed\n", tmp_path)
+    assert isinstance(err, DistributedRunError) and err.ranks == () and err.exit_code == 3
+    assert str(err).startswith("torchrun exited with code 3 before any rank reported a failure; last output:\nrendezvous")
+
+
+@pytest.mark.parametrize("found, first", [
+    ([Failure(0, -9, signal="SIGKILL"), Failure(1, -6, signal="SIGABRT")], 1),  # a crash beats a stop
+    ([Failure(0, -11, signal="SIGSEGV"), Failure(1, 1, "ValueError: x")], 1),  # an exception beats a crash
+    ([Failure(0, 1, "E: a", timestamp=7), Failure(1, 1, "E: b", timestamp=6)], 1),  # then the earlier one
+])
+def test_culprit_order(found, first):
+    assert culprit_first(found)[0].rank == first
+
+
+def test_agent_turns_torchruns_failures_into_records(tmp_path):
+    raised = ProcessFailure(local_rank=0, pid=100, exitcode=1, error_file=error_file(tmp_path, 0, "ValueError: boom"))
+    killed = ProcessFailure(local_rank=1, pid=101, exitcode=-11, error_file=str(tmp_path / "none.json"))
+    rows = failure_records({3: killed, 2: raised})
+    assert [(r["rank"], r["exit_code"], r["signal"], r["exception"]) for r in rows] == [
+        (2, 1, "", "ValueError: boom"), (3, -11, "SIGSEGV", "")]
+    json.dumps(rows)  # JSON-ready
