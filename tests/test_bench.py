@@ -27,11 +27,20 @@ def test_quick_config_is_smaller():
     assert fast.steps < full.steps and len(fast.sizes_mib) < len(full.sizes_mib) and fast.world_sizes == [1, 2]
 
 
-def test_bench_quick_writes_the_documented_fields(tmp_path):
-    # a tiny model: this test checks the fields; notebook 05 runs the real --quick benchmark
-    proc = subprocess.run([sys.executable, "-m", "dp_helpers", "bench", "--quick", "--world-sizes", "1", "2",
-                           "--no-overhead", "--hidden", "32", "--depth", "2", "--batches", "16", "64",
-                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+def test_bench_quick_writes_the_documented_fields(tmp_path, monkeypatch, pools, capsys):
+    # the bench worker's measurements run in rank pools instead of one torchrun launch each (notebook 05
+    # runs the real --quick benchmark); a tiny model: this test checks the fields, not the speed
+    import dp_helpers.bench as bench
+    from dp_helpers.__main__ import main
+    from dp_helpers.scripts import bench_worker
+
+    def in_pool(world_size, *args, out, backend):
+        return pools.get(world_size).run(bench_worker.measure, [str(a) for a in args])
+
+    monkeypatch.setattr(bench, "launch_worker", in_pool)
+    code = main(["bench", "--quick", "--world-sizes", "1", "2", "--no-overhead", "--hidden", "32", "--depth", "2",
+                 "--batches", "16", "64", "--out", str(tmp_path)])
+    proc = subprocess.CompletedProcess([], code, *capsys.readouterr())
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads((tmp_path / "bench.json").read_text())
     assert set(result) >= {"config", "machine", "throughput", "speedup", "ceiling_speedup", "efficiency",
@@ -114,12 +123,11 @@ def test_gpu_section_bookkeeping_with_a_stand_in_worker(monkeypatch, tmp_path):
     # the GPU runs themselves need GPUs (tests/test_gpu.py); what is recorded from them is checked here
     import dp_helpers.bench as bench
     import dp_helpers.env as env
-    import dp_helpers.training as training
 
     monkeypatch.setattr(env, "gpu_count", lambda: 2)
     monkeypatch.setattr(env, "nccl_available", lambda: True)
     monkeypatch.setattr(env, "gpu_names", lambda n: ("GPU A",) * n)
-    monkeypatch.setattr(training, "precision_problem", lambda device, p: "no native bfloat16." if p == "bf16" else None)
+    monkeypatch.setattr(bench, "precision_problem", lambda device, p: "no native bfloat16." if p == "bf16" else None)
     rates, launches = {"fp32": 100.0, "fp16": 250.0}, []
 
     def stand_in(world_size, *args, out, backend):

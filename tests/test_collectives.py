@@ -1,15 +1,23 @@
-"""dp_helpers.collectives: the ring's schedule and byte counts, and the real rings against dist.all_reduce on 2, 3, 4 ranks."""
+"""dp_helpers.collectives: the ring's schedule and byte counts, and the real rings against dist.all_reduce on 1 to 4 ranks (in rank pools)."""
 
-import json
 import subprocess
 import sys
 
 import pytest
 import torch
+import torch.distributed as dist
 
-from dp_helpers.collectives import naive_ring_bytes, ring_bytes, ring_schedule
+from dp_helpers.collectives import (
+    assert_identical_across_ranks,
+    naive_ring_bytes,
+    ring_all_reduce,
+    ring_bytes,
+    ring_schedule,
+)
 from dp_helpers.data import tensor_split_sizes
-from dp_helpers.launch import DistributedRunError, run_ddp
+from dp_helpers.launch import run_ddp
+from dp_helpers.scripts import collectives_demo, ring_check
+from tests.ranks import RankError
 
 
 def simulate(values: list[list[float]]) -> list[list[float]]:
@@ -49,10 +57,14 @@ def test_each_rank_sends_two_w_minus_one_over_w(world):
     assert naive_ring_bytes(1024, 4, world) == (world - 1) * 1024 * 4
 
 
+def ring_cases(info) -> list[dict]:
+    """scripts/ring_check.py's cases on this rank."""
+    return [ring_check.check(shape, dtype, info) for shape, dtype in ring_check.shapes(info.world_size)]
+
+
 @pytest.mark.parametrize("world", [2, 3, 4])
-def test_rings_match_all_reduce(tmp_path, world):
-    run_ddp("dp_helpers.scripts.ring_check", world_size=world, out_dir=tmp_path / "run", timeout=180, echo=False)
-    table = json.loads((tmp_path / "run" / "ring.json").read_text())
+def test_rings_match_all_reduce(pools, world):
+    table = pools.get(world).run(ring_cases)
     assert len(table) == world and len(table[0]) >= 8
     for rank, cases in enumerate(table):
         for case in cases:
@@ -63,26 +75,18 @@ def test_rings_match_all_reduce(tmp_path, world):
     assert [0] in shapes and [1] in shapes and [world + 1] in shapes and [3, 4, 5] in shapes
 
 
-def test_ring_on_one_rank_is_a_no_op(monkeypatch):
-    import torch.distributed as dist
-
-    from dp_helpers import dist as dph
-    from dp_helpers.collectives import ring_all_reduce
-
-    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0"}.items():
-        monkeypatch.setenv(key, value)
-    dph.setup(backend="gloo", timeout_s=5)
-    try:
-        t = torch.arange(5.0)
-        assert ring_all_reduce(t) == 0 and torch.equal(t, torch.arange(5.0))
-    finally:
-        dph.teardown()
-    assert not dist.is_initialized()
+def ring_on_one_element(info) -> tuple[int, list[float]]:
+    """The ring on a 5-element tensor: bytes sent and the result."""
+    t = torch.arange(5.0)
+    return ring_all_reduce(t), t.tolist()
 
 
-def test_collectives_demo(tmp_path):
-    run_ddp("dp_helpers.scripts.collectives_demo", world_size=3, out_dir=tmp_path / "run", timeout=180, echo=False)
-    table = json.loads((tmp_path / "run" / "collectives.json").read_text())
+def test_ring_on_one_rank_is_a_no_op(pools):
+    assert pools.get(1).run(ring_on_one_element) == [(0, [0.0, 1.0, 2.0, 3.0, 4.0])]
+
+
+def test_collectives_demo(pools):
+    table = pools.get(3).run(collectives_demo.demos)
     before = [torch.tensor(row["all_reduce (sum)"][0]) for row in table]
     total = sum(before)
     for rank, row in enumerate(table):
@@ -94,26 +98,15 @@ def test_collectives_demo(tmp_path):
         assert torch.equal(after["reduce_scatter (sum)"], total[rank:rank + 1])
 
 
-def test_identical_gradient_check_can_fail(write_script, tmp_path):
-    script = write_script("""
-        import torch
-        from torch.distributed.elastic.multiprocessing.errors import record
-        from dp_helpers import dist as dph
-        from dp_helpers.collectives import assert_identical_across_ranks
+def equal_then_different(info) -> None:
+    """Equal tensors pass the check; tensors that differ by rank fail it on every rank."""
+    assert_identical_across_ranks([torch.ones(3)])
+    assert_identical_across_ranks([torch.ones(3) * (1 + info.rank)])
 
-        @record
-        def main():
-            info = dph.setup()
-            try:
-                assert_identical_across_ranks([torch.ones(3)])  # equal: passes
-                assert_identical_across_ranks([torch.ones(3) * (1 + info.rank)])  # differs: raises everywhere
-            finally:
-                dph.teardown()
 
-        main()
-        """)
-    with pytest.raises(DistributedRunError, match=r"AssertionError: gradients differ across ranks \(largest gap 1\)"):
-        run_ddp(script, world_size=2, out_dir=tmp_path / "run", timeout=120, echo=False)
+def test_identical_gradient_check_can_fail(pools):
+    with pytest.raises(RankError, match=r"rank 0: AssertionError: gradients differ across ranks \(largest gap 1\)"):
+        pools.get(2).run(equal_then_different)
 
 
 def test_the_source_articles_script_fails_without_a_rendezvous(tmp_path):
@@ -131,26 +124,17 @@ def test_spawn_from_a_kernel_cannot_find_the_function():
     assert "Can't get attribute 'work' on <module '__main__'" in text and "ProcessExitedException" in text
 
 
-def test_ring_on_a_non_contiguous_tensor(write_script, tmp_path):
-    script = write_script("""
-        import torch
-        import torch.distributed as dist
-        from dp_helpers import dist as dph
-        from dp_helpers.collectives import ring_all_reduce
+def ring_on_a_transposed_view(info) -> bool:
+    """The ring writes its sum through a non-contiguous view into the base tensor."""
+    base = torch.arange(12.0).reshape(3, 4) * (info.rank + 1)
+    x, expected = base.t(), base.t().clone()  # a transposed view: not contiguous
+    dist.all_reduce(expected)
+    ring_all_reduce(x)
+    return not x.is_contiguous() and torch.equal(x, expected) and torch.equal(base.t(), expected)
 
-        info = dph.setup()
-        try:
-            base = torch.arange(12.0).reshape(3, 4) * (info.rank + 1)
-            x, expected = base.t(), base.t().clone()  # a transposed view: not contiguous
-            dist.all_reduce(expected)
-            ring_all_reduce(x)
-            assert not x.is_contiguous() and torch.equal(x, expected) and torch.equal(base.t(), expected)
-            print("ok", flush=True)
-        finally:
-            dph.teardown()
-        """)
-    result = run_ddp(script, world_size=3, out_dir=tmp_path / "run", timeout=120, echo=False)
-    assert result.log.count("] ok") == 3
+
+def test_ring_on_a_non_contiguous_tensor(pools):
+    assert pools.get(3).run(ring_on_a_transposed_view) == [True] * 3
 
 
 def test_the_fixed_article_script_logs_the_epochs_mean_loss(tmp_path):

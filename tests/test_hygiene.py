@@ -43,6 +43,7 @@ def test_no_hard_coded_device_port_or_spawn(path):
         assert not re.search(r"""["']cuda(:\d+)?["']""", text), "derive the device, never write 'cuda'"
     assert not re.search(r"MASTER_PORT\s*[=:]\s*['\"]?\d", text), "no fixed port: use --standalone"
     assert not re.search(r"\bspawn\(|set_start_method\(", text), "launch scripts with run_ddp, never spawn or fork"
+    assert "preexec_fn" not in text, "no Python between fork and exec: the parent may have threads"
 
 
 def test_public_docstrings_are_one_line():

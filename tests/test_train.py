@@ -1,4 +1,7 @@
-"""The train job for real: the run folder, rank-0 output, and DDP == one process with the global batch."""
+"""The train job for real: the CLI's run folder and rank-0 output, and DDP == one process with the global batch.
+
+The CLI runs through torchrun; the equivalence runs call the same train() in a rank pool (tests/ranks.py).
+"""
 
 import json
 import subprocess
@@ -7,16 +10,31 @@ import sys
 import pytest
 import torch
 
-from dp_helpers.config import TrainConfig
-from dp_helpers.launch import run_train
+from dp_helpers.__main__ import progress_steps
+from dp_helpers.config import TrainConfig, validate
 from dp_helpers.reference import train_reference
+from dp_helpers.scripts import train as train_script
 
 pytestmark = pytest.mark.slow
 
 
-def launch_train(out, world_size, **cfg_changes):
-    """Run the train worker under torchrun through run_ddp and return the RunResult."""
-    return run_train(world_size, out_dir=out, timeout=300, **cfg_changes)[0]
+def train_rank(info, cfg: TrainConfig) -> dict:
+    """What scripts/train.py does on each rank once the group is up."""
+    validate(cfg, info.world_size)
+    return train_script.train(cfg, info)
+
+
+class PoolRun:
+    """A training run made in a rank pool: its folder, summary and final weights."""
+
+    def __init__(self, pools, out, world_size: int, **changes):
+        self.run_dir = out
+        self.summary = pools.get(world_size).run(train_rank, TrainConfig(**changes), run_dir=out)[0]
+
+
+def launch_train(pools, out, world_size, **cfg_changes) -> PoolRun:
+    """The train job on world_size ranks of a pool."""
+    return PoolRun(pools, out, world_size, **cfg_changes)
 
 
 def final_weights(run_dir):
@@ -55,17 +73,17 @@ def test_cli_prints_one_line_per_epoch_from_rank_0(cli_run):
 
 
 @pytest.fixture(scope="module")
-def large_batch_run(tmp_path_factory):
+def large_batch_run(tmp_path_factory, pools):
     """World size 1 with the global batch 20: the run every W x B run must match."""
-    return launch_train(tmp_path_factory.mktemp("w1") / "run", 1, batch_size=20)
+    return launch_train(pools, tmp_path_factory.mktemp("w1") / "run", 1, batch_size=20)
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
-def test_world_size_w_equals_one_process_with_the_global_batch(tmp_path, large_batch_run, cli_run, world_size):
+def test_world_size_w_equals_one_process_with_the_global_batch(tmp_path, pools, large_batch_run, cli_run, world_size):
     if world_size == 2:
         run_dir = cli_run[0]
     else:
-        run_dir = launch_train(tmp_path / "run", 4, batch_size=5).run_dir
+        run_dir = launch_train(pools, tmp_path / "run", 4, batch_size=5).run_dir
     torch.testing.assert_close(final_weights(run_dir), final_weights(large_batch_run.run_dir))
     reference = train_reference(TrainConfig(batch_size=20 // world_size), world_size=world_size)
     torch.testing.assert_close(final_weights(run_dir), reference.state_dict)
@@ -75,24 +93,24 @@ def without_time(records):
     return [{k: v for k, v in r.items() if k != "time"} for r in records]
 
 
-def test_same_seed_same_metrics_bitwise(tmp_path, cli_run):
-    again = launch_train(tmp_path / "again", 2)
+def test_same_seed_same_metrics_bitwise(tmp_path, pools, cli_run):
+    again = launch_train(pools, tmp_path / "again", 2)  # in a pool: the same code as under torchrun
     first = [json.loads(ln) for ln in (cli_run[0] / "metrics" / "rank1.jsonl").read_text().splitlines()]
     second = [json.loads(ln) for ln in (again.run_dir / "metrics" / "rank1.jsonl").read_text().splitlines()]
     assert without_time(first) == without_time(second) and len(first) == 50
     assert torch.equal(final_weights(cli_run[0])["fc.weight"], final_weights(again.run_dir)["fc.weight"])
 
 
-def test_short_last_batch_keeps_equivalence(tmp_path):
-    run = launch_train(tmp_path / "run", 2, samples=30, batch_size=4, epochs=3)
+def test_short_last_batch_keeps_equivalence(tmp_path, pools):
+    run = launch_train(pools, tmp_path / "run", 2, samples=30, batch_size=4, epochs=3)
     assert run.summary["equivalent_to_large_batch"] and "short" in run.summary["equivalence"]
     reference = train_reference(TrainConfig(samples=30, batch_size=4, epochs=3), world_size=2)
     torch.testing.assert_close(final_weights(run.run_dir), reference.state_dict)
 
 
-def test_sampler_padding_breaks_equivalence(tmp_path):
+def test_sampler_padding_breaks_equivalence(tmp_path, pools):
     cfg = {"samples": 30, "batch_size": 5, "epochs": 5, "lr": 0.5}
-    run = launch_train(tmp_path / "run", 4, **cfg)
+    run = launch_train(pools, tmp_path / "run", 4, **cfg)
     assert not run.summary["equivalent_to_large_batch"]
     assert "repeats 2 sample(s)" in run.summary["equivalence"] and run.summary["padded_samples_per_epoch"] == 2
     reference = train_reference(TrainConfig(**cfg), world_size=4)
@@ -100,32 +118,31 @@ def test_sampler_padding_breaks_equivalence(tmp_path):
     assert diff > 1e-3  # far outside assert_close's float32 tolerance: the duplicates changed the training
 
 
-def test_hand_written_all_reduce_equals_ddp_and_one_process(tmp_path, cli_run):
+def test_hand_written_all_reduce_equals_ddp_and_one_process(tmp_path, pools, cli_run):
     """Averaging gradients with all_reduce after backward (no DDP wrapper) == DDP == one process with the global batch."""
-    manual = launch_train(tmp_path / "manual", 2, sync="manual", check_grads=True)
+    manual = launch_train(pools, tmp_path / "manual", 2, sync="manual", check_grads=True)
     assert manual.summary["sync"] == "manual"
     torch.testing.assert_close(final_weights(manual.run_dir), final_weights(cli_run[0]))
     torch.testing.assert_close(final_weights(manual.run_dir), train_reference(TrainConfig(batch_size=20)).state_dict)
 
 
 @pytest.mark.parametrize("k, identical", [(3, True), (4, False)])
-def test_accumulation_equivalence_is_what_the_summary_says(tmp_path, k, identical):
+def test_accumulation_equivalence_is_what_the_summary_says(tmp_path, pools, k, identical):
     # 50 samples per rank in micro-batches of 8: 6 full and one of 2; k=3 leaves the short one alone in
     # the last step, k=4 averages it with two full ones, weighting its samples 4x more than a large batch does
     cfg = {"batch_size": 8, "grad_accum_steps": k, "epochs": 2, "lr": 0.5}
-    run = launch_train(tmp_path / "run", 2, **cfg)
+    run = launch_train(pools, tmp_path / "run", 2, **cfg)
     assert run.summary["equivalent_to_large_batch"] == identical and run.summary["global_batch_size"] == 16 * k
     reference = train_reference(TrainConfig(batch_size=8 * k, epochs=2, lr=0.5), world_size=2)
     diff = max((final_weights(run.run_dir)[key] - v).abs().max().item() for key, v in reference.state_dict.items())
     assert (diff < 1e-5) == identical, diff
 
 
-def test_resume_checks_its_file_and_sizes_the_bar(tmp_path):
+def test_resume_checks_its_file_and_sizes_the_bar(tmp_path, pools):
     cli = [sys.executable, "-m", "dp_helpers", "train", "--epochs", "3"]
     ckpt = tmp_path / "ckpt.pt"
-    first = subprocess.run([*cli, "--checkpoint", str(ckpt), "--stop-after", "1", "--out", str(tmp_path / "a")],
-                           capture_output=True, text=True, timeout=300)
-    assert first.returncode == 0 and "5/5" in first.stderr  # 1 epoch of 5 steps, not 15
+    assert progress_steps(TrainConfig(epochs=3, stop_after=1), 2) == 5  # 1 epoch of 5 steps, not 15
+    launch_train(pools, tmp_path / "a", 2, epochs=3, checkpoint=str(ckpt), stop_after=1)
     again = subprocess.run([*cli, "--resume", str(ckpt), "--out", str(tmp_path / "b")],
                            capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and "10/10" in again.stderr  # the 2 epochs left

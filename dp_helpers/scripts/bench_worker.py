@@ -123,7 +123,7 @@ def allreduce_mode(args, info: dph.DistInfo) -> list[dict]:
     return rows
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The worker's flags (bench.py builds them)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mode", choices=("train", "dataparallel", "allreduce"), required=True)
@@ -140,17 +140,22 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--depth", type=int, default=4)
     parser.add_argument("--sizes", type=float, nargs="+", default=[1.0])
     parser.add_argument("--repeats", type=int, default=5)
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
-def main(info: dph.DistInfo) -> None:
-    """Measure on every rank; rank 0 writes bench.json with every rank's numbers."""
-    args = parse_args()
+def measure(info: dph.DistInfo, argv: list[str] | None = None):
+    """This rank's measurement in the mode the flags ask for."""
+    args = parse_args(argv)
     problem = precision_problem(info.device, args.precision)
     if problem:
         raise ValueError(problem)
     modes = {"train": train_mode, "dataparallel": dataparallel_mode, "allreduce": allreduce_mode}
-    dph.gather_to_file(info, modes[args.mode](args, info), "bench.json")
+    return modes[args.mode](args, info)
+
+
+def main(info: dph.DistInfo) -> None:
+    """Measure on every rank; rank 0 writes bench.json with every rank's numbers."""
+    dph.gather_to_file(info, measure(info), "bench.json")
 
 
 if __name__ == "__main__":

@@ -191,14 +191,19 @@ EXPERIMENTS = {
 }
 
 
-def main(info: dph.DistInfo) -> None:
-    """Run the chosen experiments on every rank; rank 0 writes <experiment>.json for each."""
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The experiments to run and their settings."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--experiment", choices=sorted(EXPERIMENTS), nargs="+", required=True)
     parser.add_argument("--bucket-cap-mb", type=float, default=1.0, help="the timeline's bucket cap")
     parser.add_argument("--caps", type=float, nargs="+", default=[0.25, 1.0, 4.0, 25.0],
                         help="the sweep's caps, after torch's default")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main(info: dph.DistInfo) -> None:
+    """Run the chosen experiments on every rank; rank 0 writes <experiment>.json for each."""
+    args = parse_args()
     for name in args.experiment:  # several in one launch: the process start-up is paid once
         dph.gather_to_file(info, EXPERIMENTS[name](info, args), f"{name}.json")
 
