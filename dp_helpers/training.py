@@ -74,7 +74,8 @@ def precision_problem(device: torch.device, precision: str) -> str | None:
     """Why `precision` cannot run on `device` (one sentence), or None when it can."""
     if precision not in PRECISIONS:
         return f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}."
-    if precision == "bf16" and device.type != "cpu" and not torch.cuda.is_bf16_supported(including_emulation=False):
+    # native bfloat16 arithmetic starts with compute capability 8.0 (Ampere); older GPUs only emulate it, slowly
+    if precision == "bf16" and device.type != "cpu" and torch.cuda.get_device_capability(device) < (8, 0):
         return f"{torch.cuda.get_device_name(device)} has no native bfloat16 (compute capability < 8.0)."
     return None
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import multiprocessing.util
 import os
+import subprocess
 import textwrap
 import time
 import uuid
@@ -44,6 +46,19 @@ def no_leftover_processes(monkeypatch):
     while (left := started_by(marker)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not left, f"test left processes running: {[(p.pid, p.cmdline()[:4]) for p in left]}"
+
+
+@pytest.fixture(autouse=True)
+def quick_tests_start_no_process(request, monkeypatch):
+    """A test not marked slow may not start a process: `pytest -m "not slow"` stays a quick loop that needs no launcher."""
+    if request.node.get_closest_marker("slow") or request.node.get_closest_marker("gpu"):
+        return
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("this test starts a process: mark it @pytest.mark.slow")
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+    monkeypatch.setattr(multiprocessing.util, "spawnv_passfds", refuse)
 
 
 @pytest.fixture(scope="session")

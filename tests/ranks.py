@@ -36,6 +36,8 @@ def serve(rank: int, world_size: int, store_path: str, timeout_s: float, conn) -
             conn.send(("ok", fn(info, *args)))
         except Exception as exc:  # noqa: BLE001 - every failure goes back to the test
             conn.send(("error", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+    conn.close()
+    os._exit(0)  # at once: gloo's threads can stall the interpreter's shutdown (see dp_helpers.dist.worker)
 
 
 class RankError(AssertionError):

@@ -1,7 +1,8 @@
-"""dp_helpers.collectives: the ring's schedule and byte counts, and the real rings against dist.all_reduce on 1 to 4 ranks (in rank pools)."""
+"""dp_helpers.collectives: the ring's schedule and byte counts, and the real rings against dist.all_reduce on 1 to 4 ranks (in rank pools).
 
-import subprocess
-import sys
+The source article's two scripts and mp.spawn in a kernel are run and checked in notebook 03 (pytest runs it).
+"""
+
 
 import pytest
 import torch
@@ -15,7 +16,6 @@ from dp_helpers.collectives import (
     ring_schedule,
 )
 from dp_helpers.data import tensor_split_sizes
-from dp_helpers.launch import run_ddp
 from dp_helpers.scripts import collectives_demo, ring_check
 from tests.ranks import RankError
 
@@ -62,6 +62,7 @@ def ring_cases(info) -> list[dict]:
     return [ring_check.check(shape, dtype, info) for shape, dtype in ring_check.shapes(info.world_size)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_rings_match_all_reduce(pools, world):
     table = pools.get(world).run(ring_cases)
@@ -81,10 +82,12 @@ def ring_on_one_element(info) -> tuple[int, list[float]]:
     return ring_all_reduce(t), t.tolist()
 
 
+@pytest.mark.slow
 def test_ring_on_one_rank_is_a_no_op(pools):
     assert pools.get(1).run(ring_on_one_element) == [(0, [0.0, 1.0, 2.0, 3.0, 4.0])]
 
 
+@pytest.mark.slow
 def test_collectives_demo(pools):
     table = pools.get(3).run(collectives_demo.demos)
     before = [torch.tensor(row["all_reduce (sum)"][0]) for row in table]
@@ -104,24 +107,10 @@ def equal_then_different(info) -> None:
     assert_identical_across_ranks([torch.ones(3) * (1 + info.rank)])
 
 
+@pytest.mark.slow
 def test_identical_gradient_check_can_fail(pools):
     with pytest.raises(RankError, match=r"rank 0: AssertionError: gradients differ across ranks \(largest gap 1\)"):
         pools.get(2).run(equal_then_different)
-
-
-def test_the_source_articles_script_fails_without_a_rendezvous(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "dp_helpers.scripts.article_spawn"], capture_output=True, text=True,
-                          timeout=300, cwd=tmp_path, env={k: v for k, v in __import__("os").environ.items()
-                                                          if k not in ("MASTER_ADDR", "MASTER_PORT")})
-    assert proc.returncode != 0
-    assert "environment variable MASTER_ADDR expected, but not set" in proc.stderr
-
-
-def test_spawn_from_a_kernel_cannot_find_the_function():
-    from dp_helpers.pitfalls import spawn_in_a_kernel
-
-    text = spawn_in_a_kernel()
-    assert "Can't get attribute 'work' on <module '__main__'" in text and "ProcessExitedException" in text
 
 
 def ring_on_a_transposed_view(info) -> bool:
@@ -133,16 +122,6 @@ def ring_on_a_transposed_view(info) -> bool:
     return not x.is_contiguous() and torch.equal(x, expected) and torch.equal(base.t(), expected)
 
 
+@pytest.mark.slow
 def test_ring_on_a_non_contiguous_tensor(pools):
     assert pools.get(3).run(ring_on_a_transposed_view) == [True] * 3
-
-
-def test_the_fixed_article_script_logs_the_epochs_mean_loss(tmp_path):
-    from dp_helpers.config import TrainConfig
-    from dp_helpers.reference import train_reference
-
-    run = run_ddp("dp_helpers.scripts.article_torchrun", world_size=2, out_dir=tmp_path / "run", timeout=120, echo=False)
-    logged = [float(ln.split()[-1]) for ln in run.log.splitlines() if " mean loss " in ln]
-    steps = torch.tensor(train_reference(TrainConfig(), world_size=2).losses).view(10, 5)  # global batch 20
-    torch.testing.assert_close(torch.tensor(logged), steps.mean(1), atol=6e-5, rtol=0)  # printed with 4 decimals
-    assert all(ln.startswith("[rank 0/2]") for ln in run.log.splitlines() if " mean loss " in ln)

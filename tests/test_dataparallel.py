@@ -143,7 +143,8 @@ def test_training_with_the_four_steps_matches_one_device():
     torch.testing.assert_close(parallel.state_dict(), single.state_dict())
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason=f"needs >= 2 GPUs, found {torch.cuda.device_count()}")
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 1, reason=f"needs a CUDA GPU, found {torch.cuda.device_count()}")
 def test_emulation_matches_the_real_primitives(model):
     devices = dp.gpu_devices()
     x = torch.randn(30, 6)

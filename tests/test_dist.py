@@ -52,6 +52,7 @@ def test_one_process_group_up_and_down(monkeypatch):
     dph.teardown()  # a second call is harmless
 
 
+@pytest.mark.slow
 def test_orphaned_worker_exits(tmp_path):
     """A worker whose launcher is SIGKILLed stops by itself instead of training on."""
     child = textwrap.dedent(f"""
@@ -72,6 +73,7 @@ def test_orphaned_worker_exits(tmp_path):
     assert pids_alive([pid]) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("body, code, words", [
     ("print('done', info.world_size, info.run_dir.name, end='')", 0, "done 1 mine"),  # unflushed output arrives
     ("raise ValueError('boom')", 1, "ValueError: boom"),  # a failure is never turned into success

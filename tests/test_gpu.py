@@ -1,4 +1,7 @@
-"""GPU paths: nccl training and device placement. Skipped, with the reason, on machines without the GPUs."""
+"""GPU paths: nccl training, SyncBatchNorm, mixed precision, gloo on a GPU. Skipped, with the reason, without GPUs.
+
+`bash tests/gpu_check.sh` runs every GPU check (these and the real DataParallel primitives) with one line each.
+"""
 
 import pytest
 import torch
@@ -6,7 +9,9 @@ import torch
 from dp_helpers import env
 from dp_helpers.config import TrainConfig
 from dp_helpers.launch import run_ddp
+from dp_helpers.models import build_model
 from dp_helpers.reference import train_reference
+from dp_helpers.training import precision_problem, train_steps
 
 N_GPUS = env.gpu_count()
 needs_gpu = pytest.mark.skipif(N_GPUS < 1 or not env.nccl_available(),
@@ -53,3 +58,44 @@ def test_bench_times_real_dataparallel(tmp_path):
                      "--steps", "2", "--warmup", "1", world_size=1, backend="nccl", out_dir=tmp_path / "run",
                      echo=False, timeout=300)
     assert (result.run_dir / "bench.json").exists()
+
+
+def test_syncbn_on_one_rank_matches_the_reference(tmp_path):
+    # one rank: SyncBatchNorm's statistics are the batch's own, so it must equal one process exactly
+    cfg = TrainConfig(model="bn", bn_sync="syncbn", epochs=2, lr=0.5, batch_size=20)
+    result = run_ddp("dp_helpers.scripts.train", *cfg.as_args(), world_size=1, backend="nccl",
+                     out_dir=tmp_path / "run", timeout=300, echo=False)
+    weights = torch.load(result.run_dir / "model.pt", map_location="cpu", weights_only=True)
+    reference = train_reference(TrainConfig(model="bn", epochs=2, lr=0.5, batch_size=20))
+    torch.testing.assert_close(weights, reference.state_dict, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("precision, tol", [("fp16", 2e-3), ("bf16", 2e-2)])
+def test_autocast_and_grad_scaler_on_a_gpu(precision, tol):
+    device = env.gpu_device(0)
+    problem = precision_problem(device, precision)
+    if problem:
+        pytest.skip(problem)
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(64, 8, generator=gen).to(device), torch.rand(64, generator=gen).to(device)
+    low = train_steps(build_model("mlp", 8, seed=1).to(device), x, y, 3, lr=0.5, precision=precision)
+    full = train_steps(build_model("mlp", 8, seed=1).to(device), x, y, 3, lr=0.5)
+    torch.testing.assert_close(low.state_dict(), full.state_dict(), rtol=tol, atol=tol)
+
+
+def test_two_processes_share_one_gpu_on_gloo(write_script, tmp_path):
+    script = write_script("""
+        import torch, torch.distributed as dist
+        from dp_helpers import dist as dph
+        from dp_helpers.env import gpu_device
+
+        def main(info):
+            t = torch.full((3,), float(info.rank + 1), device=gpu_device(0))  # both ranks on GPU 0
+            dist.all_reduce(t)  # gloo copies through host memory
+            assert t.device.type == "cuda" and t.tolist() == [3.0, 3.0, 3.0], t
+            dph.print0(info, "shared GPU ok")
+
+        dph.worker(main, backend="gloo")
+        """)
+    result = run_ddp(script, world_size=2, backend="gloo", out_dir=tmp_path / "run", timeout=300, echo=False)
+    assert "[rank 0/2] shared GPU ok" in result.log

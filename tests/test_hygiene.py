@@ -62,6 +62,7 @@ def test_functions_are_small():
     assert statistics.median(lengths) <= 10 and max(lengths) <= 30
 
 
+@pytest.mark.slow
 def test_import_has_no_side_effects():
     """Importing every module starts no thread, seeds nothing, opens no pyplot figure and writes no file."""
     probe = """

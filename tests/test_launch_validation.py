@@ -125,6 +125,7 @@ def test_cli_prints_the_sentence_and_exits_non_zero(no_spawn, tmp_path, capsys, 
     assert err.startswith(message) and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_cli_error_has_no_traceback(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "dp_helpers", "train", "--backend", "nccl", "--world-size", "64",
                            "--out", str(tmp_path / "r")], capture_output=True, text=True, timeout=120)

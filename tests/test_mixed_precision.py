@@ -3,12 +3,10 @@
 fp16/bf16 run here under CPU autocast to test the code path; their speed is measured on GPUs only (bench).
 """
 
-import json
 
 import pytest
 import torch
 
-from dp_helpers.launch import run_ddp
 from dp_helpers.models import build_model
 from dp_helpers.training import autocast, grad_scaler, precision_problem, train_steps
 
@@ -48,10 +46,11 @@ def test_precision_problems_are_one_sentence():
 
 
 @pytest.mark.slow
-def test_bench_worker_runs_ddp_with_fp16_and_the_scaler(tmp_path):
+@pytest.mark.slow
+def test_bench_worker_runs_ddp_with_fp16_and_the_scaler(pools):
     # GradScaler + autocast under DDP on 2 gloo ranks: the path the GPU benchmark takes, here on CPUs
-    result = run_ddp("dp_helpers.scripts.bench_worker", "--mode", "train", "--ddp", "--precision", "fp16",
-                     "--batches", "16", "--steps", "2", "--warmup", "1", "--hidden", "32", "--depth", "2",
-                     world_size=2, backend="gloo", out_dir=tmp_path / "run", echo=False, timeout=120)
-    rows = json.loads((result.run_dir / "bench.json").read_text())
+    from dp_helpers.scripts import bench_worker
+
+    rows = pools.get(2).run(bench_worker.measure, ["--mode", "train", "--ddp", "--precision", "fp16", "--batches", "16",
+                                                   "--steps", "2", "--warmup", "1", "--hidden", "32", "--depth", "2"])
     assert len(rows) == 2 and all(r[model]["16"] > 0 for r in rows for model in ("independent", "ddp"))

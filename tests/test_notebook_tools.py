@@ -45,6 +45,7 @@ def test_check_command_exit_codes(tmp_path, capsys):
     assert "02_b.ipynb: execution counts" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_execute_writes_a_clean_run(tmp_path):
     path = make_notebook(tmp_path / "01_a.ipynb", counts=(7, 3))
     nbtools.execute(path, timeout=120)

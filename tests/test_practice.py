@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from dp_helpers.config import TrainConfig
-from dp_helpers.launch import DistributedRunError, run_json
 from dp_helpers.reference import train_reference
 from dp_helpers.scripts import ddp_internals, evaluate, pitfall_runs
 from dp_helpers.training import bce_loss
@@ -18,12 +17,6 @@ def train(pools, out, world_size, **changes):
     """The train job's train() on world_size ranks of a pool; returns (summary, final weights)."""
     summary = pools.get(world_size).run(train_rank, TrainConfig(**changes), run_dir=out)[0]
     return summary, torch.load(out / "model.pt", map_location="cpu", weights_only=True)
-
-
-def case(tmp_path, name, world_size=2, timeout_env="5"):
-    """One pitfall_runs case under torchrun (hangs must end in the launcher's timeout error); rank 0's JSON."""
-    return run_json("pitfall_runs", name, "--case", name, world_size=world_size, out_dir=tmp_path / name,
-                    env={"DP_PG_TIMEOUT": timeout_env}, timeout=120)[0]
 
 
 def run_case(info, name: str):
@@ -77,18 +70,16 @@ def fixed(pools):
     return {name: pools.get(2).run(run_case, name) for name in FIXES}
 
 
-def test_uneven_inputs_time_out_and_join_fixes_them(tmp_path, fixed):
-    with pytest.raises(DistributedRunError, match="Timed out"):
-        case(tmp_path, "uneven")
+def test_join_lets_uneven_ranks_finish(fixed):
+    # without Join the same case hangs until the group's timeout: notebook 04 runs it under torchrun
     zero, one = fixed["uneven-join"]
     assert (zero["batches"], one["batches"]) == (5, 3)  # with Join every rank finishes
     assert zero["weights"] == one["weights"]  # with one model
     torch.testing.assert_close(zero["weights"], zero["replay"])  # the one-process replay of Join's averaging
 
 
-def test_collective_inside_rank_0_times_out_and_the_fix_runs(tmp_path, fixed):
-    with pytest.raises(DistributedRunError, match="Timed out"):
-        case(tmp_path, "rank0-collective")
+def test_the_collective_outside_rank_0_runs(fixed):
+    # inside `if rank == 0:` it hangs until the group's timeout: notebook 04 runs that under torchrun
     assert [r["metric"] for r in fixed["rank0-fixed"]] == [1.0, 1.0]  # 0 + 1, on every rank
 
 
@@ -154,4 +145,5 @@ def test_ddp_internals(pools):
 def test_fixed_port_in_use_message():
     from dp_helpers.pitfalls import fixed_port_in_use
 
-    assert "EADDRINUSE" in fixed_port_in_use()
+    message = fixed_port_in_use()
+    assert "EADDRINUSE" in message or "Address already in use" in message  # torch's wording changed over versions

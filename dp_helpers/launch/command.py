@@ -40,6 +40,9 @@ def child_env(run_dir: Path, world_size: int, backend: str, nnodes: int, extra,
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_ROOT), env.get("PYTHONPATH")) if p)
     env.update(PYTHONUNBUFFERED="1", MPLBACKEND="Agg", DP_BACKEND=backend, DP_RUN_DIR=str(run_dir),
                DP_LAUNCHER_PID=str(os.getpid()),
+               # seconds torchrun waits between SIGTERM and SIGKILL when it stops the ranks (its default: 30);
+               # read by torch >= 2.12, ignored before (then the launcher's own tree kill bounds the wait)
+               TORCH_ELASTIC_SHUTDOWN_TIMEOUT=str(int(GRACE_S)),
                TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE=f"[rank ${{rank}}/{world_size}] ")
     env.update(extra or {})
     return env
@@ -55,8 +58,7 @@ def torchrun_command(target: list[str], script_args, run_dir: Path, world_size: 
                 "--rdzv-id", "dp_helpers", "--rdzv-conf", f"join_timeout={JOIN_TIMEOUT_S}"]
     return [sys.executable, "-m", "dp_helpers.launch.agent", *rdzv,
             "--nproc-per-node", str(world_size // nnodes), "--max-restarts", "0",
-            "--tee", "3", "--log-dir", str(run_dir / "logs"), "--shutdown-timeout", str(int(GRACE_S)),
-            "--monitor-interval", "0.1", *target, *map(str, script_args)]
+            "--tee", "3", "--log-dir", str(run_dir / "logs"), "--monitor-interval", "0.1", *target, *map(str, script_args)]
 
 
 def plan_launch(script, script_args, world_size, backend, out_dir, timeout, nnodes, node_rank,
