@@ -4,6 +4,7 @@ The CLI runs through torchrun; the equivalence runs call the same train() in a r
 """
 
 import json
+import os
 import subprocess
 import sys
 
@@ -153,3 +154,15 @@ def test_resume_checks_its_file_and_sizes_the_bar(tmp_path, pools):
                              capture_output=True, text=True, timeout=300)
         assert bad.returncode == 2 and words in bad.stderr and "Traceback" not in bad.stderr
     assert not (tmp_path / "c").exists()
+
+
+def test_the_script_runs_alone_as_one_process(tmp_path):
+    """`python dp_helpers/scripts/train.py` without torchrun: a group of one, the same as one process with that batch."""
+    script = train_script.__file__
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "DP_RUN_DIR")}
+    proc = subprocess.run([sys.executable, script, "--epochs", "2", "--batch-size", "20", "--out", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "epoch 2/2" in proc.stdout and f"run folder: {tmp_path / 'run'}" in proc.stdout
+    reference = train_reference(TrainConfig(epochs=2, batch_size=20))
+    torch.testing.assert_close(final_weights(tmp_path / "run"), reference.state_dict)
