@@ -48,7 +48,11 @@ def run_ddp(script, *script_args, world_size: int | None = None, backend: str = 
     plan = plan_launch(script, script_args, world_size, backend, out_dir, timeout, nnodes, node_rank,
                        rdzv_endpoint, env, progress)
     console, began = Console(plan, echo), time.monotonic()
-    tree = ProcessTree(start(plan.command, plan.env))
+    try:
+        tree = ProcessTree(start(plan.command, plan.env))
+    except BaseException:
+        console.close()
+        raise
     reader, lines = start_reader(tree.proc.stdout)
     try:
         stream(tree, plan, console, lines)
