@@ -16,6 +16,13 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+def pytest_collection_modifyitems(items):
+    """Every notebook cell is slow: it runs in a kernel (a process), and many start torchrun."""
+    for item in items:
+        if item.path.suffix == ".ipynb":
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(autouse=True)
 def private_tmpdir(tmp_path, monkeypatch):
     """torchrun leaves a torchelastic_* folder in TMPDIR per launch: keep them inside the test's tmp_path."""
