@@ -8,6 +8,7 @@ import os
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -126,13 +127,21 @@ def worker(main: Callable[[DistInfo], object], **setup_args) -> None:
         finally:
             teardown()
 
-    run()  # an exception propagates as usual: traceback, non-zero exit, error file
     # torch 2.13 keeps the gloo group's threads alive once a DDP model was built, even after
-    # destroy_process_group(); interpreter finalization then sometimes aborts a worker whose work is
-    # done (SIGABRT "terminate called without an active exception"). Every file is closed by now.
+    # destroy_process_group(); interpreter finalization then sometimes aborts the process (SIGABRT
+    # "terminate called without an active exception"), also after an exception, whose traceback keeps
+    # the model alive. So every ending skips finalization: the exit code says what happened.
+    try:
+        run()
+        code = 0
+    except SystemExit as exc:  # argparse: 0 after --help, 2 after a bad flag (its message is printed)
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # @record has written the error file; the traceback goes to stderr as usual
+        traceback.print_exc()
+        code = 1
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:

@@ -73,8 +73,12 @@ class RankPool:
         """fn(info, *args) on every rank; the list of results in rank order."""
         run_dir = Path(run_dir or tempfile.mkdtemp(prefix="rank-pool-run-"))
         run_dir.mkdir(parents=True, exist_ok=True)
-        for conn in self.conns:
-            conn.send((fn, args, str(run_dir)))
+        try:
+            for conn in self.conns:
+                conn.send((fn, args, str(run_dir)))
+        except OSError as exc:  # a rank process died
+            self.broken = True
+            raise RankError(f"a rank of the pool is gone ({exc}); the next test gets a new pool") from exc
         replies = [self.reply(rank, conn) for rank, conn in enumerate(self.conns)]
         failed = [(rank, r) for rank, r in enumerate(replies) if r[0] != "ok"]
         if failed:
@@ -84,8 +88,11 @@ class RankPool:
 
     def reply(self, rank: int, conn) -> tuple:
         """One rank's answer, or an error once the group's timeout (plus a margin) has passed."""
-        if conn.poll(self.timeout_s + 30):
-            return conn.recv()
+        try:
+            if conn.poll(self.timeout_s + 30):
+                return conn.recv()
+        except (EOFError, OSError) as exc:  # the rank process died (a crash, os._exit)
+            return ("error", f"rank process died ({type(exc).__name__})", "")
         return ("error", f"no answer in {self.timeout_s + 30:g}s", "")
 
     def close(self) -> None:

@@ -102,6 +102,9 @@ def test_no_failure_reported(tmp_path):
     ([Failure(0, -9, signal="SIGKILL"), Failure(1, -6, signal="SIGABRT")], 1),  # a crash beats a stop
     ([Failure(0, -11, signal="SIGSEGV"), Failure(1, 1, "ValueError: x")], 1),  # an exception beats a crash
     ([Failure(0, 1, "E: a", timestamp=7), Failure(1, 1, "E: b", timestamp=6)], 1),  # then the earlier one
+    ([Failure(0, 1, timestamp=1), Failure(1, 1, "ValueError: real", timestamp=5)], 1),  # no known cause comes later
+    ([Failure(0, -6, signal="SIGABRT", timestamp=1), Failure(1, -6, "ValueError: x", "SIGABRT", 5)], 1),  # aborted after raising
+    ([Failure(0, 1, "RuntimeError: Connection refused", timestamp=1), Failure(1, -6, "ValueError: x", "SIGABRT", 5)], 1),
 ])
 def test_culprit_order(found, first):
     assert culprit_first(found)[0].rank == first
@@ -114,3 +117,30 @@ def test_agent_turns_torchruns_failures_into_records(tmp_path):
     assert [(r["rank"], r["exit_code"], r["signal"], r["exception"]) for r in rows] == [
         (2, 1, "", "ValueError: boom"), (3, -11, "SIGSEGV", "")]
     json.dumps(rows)  # JSON-ready
+
+
+def test_an_exception_found_in_the_log_keeps_its_timestamp(tmp_path):
+    records(tmp_path, {"rank": 0, "exit_code": 1, "timestamp": 9}, {"rank": 1, "exit_code": 1, "timestamp": 3})
+    log = "[rank 0/2] KeyError: 'a'\n[rank 1/2] KeyError: 'b'\n"
+    assert failure(1, log, tmp_path).ranks == (1, 0)  # both raised: the earlier one first
+
+
+def test_a_new_launch_forgets_an_old_failure_record(tmp_path, write_script):
+    from dp_helpers.launch.command import plan_launch
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "failures.json").write_text("[]")
+    plan_launch(write_script("print(1)"), (), 2, "gloo", tmp_path / "run", 60, 1, 0, None, None, None)
+    assert not (tmp_path / "run" / "failures.json").exists()
+
+
+def test_several_nodes_are_diagnosed_together(tmp_path):
+    from dp_helpers.launch.nodes import across_nodes
+
+    for node, rows in (("node0", [{"rank": 0, "exit_code": 1, "exception": "RuntimeError: Connection closed by peer"}]),
+                       ("node1", [{"rank": 3, "exit_code": 1, "exception": "ValueError: on node 1"}])):
+        (tmp_path / node).mkdir()
+        records(tmp_path / node, *rows)
+    (tmp_path / "node0" / "console.log").write_text("[rank 0/4] ...\n")
+    err = across_nodes(DistributedRunError("node 0's view", ranks=(0,), exit_code=1), tmp_path)
+    assert err.ranks == (3, 0) and err.cause == "ValueError: on node 1"

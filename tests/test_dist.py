@@ -77,6 +77,8 @@ def test_orphaned_worker_exits(tmp_path):
 @pytest.mark.parametrize("body, code, words", [
     ("print('done', info.world_size, info.run_dir.name, end='')", 0, "done 1 mine"),  # unflushed output arrives
     ("raise ValueError('boom')", 1, "ValueError: boom"),  # a failure is never turned into success
+    ("m = dph.wrap_ddp(__import__('torch').nn.Linear(2, 1), info); raise ValueError('boom')", 1,
+     "ValueError: boom"),  # with a DDP model alive: exit code 1, never an abort at shutdown
 ])
 def test_worker_runs_main_alone_and_passes_failures_on(body, code, words, tmp_path):
     script = (f"from dp_helpers import dist as dph\ndef main(info):\n    {body}\n"

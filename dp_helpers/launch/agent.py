@@ -17,6 +17,8 @@ import signal
 import sys
 from pathlib import Path
 
+from ..runs import write_text_atomic
+
 PR_SET_PDEATHSIG = 1
 
 
@@ -57,8 +59,7 @@ def main(argv: list[str]) -> int:
         torchrun.run(torchrun.parse_args(argv))
     except ChildFailedError as exc:
         run_dir = Path(os.environ.get("DP_RUN_DIR", "."))
-        (run_dir / "failures.json").write_text(json.dumps(failure_records(exc.failures), indent=1) + "\n",
-                                               encoding="utf-8")
+        write_text_atomic(run_dir / "failures.json", json.dumps(failure_records(exc.failures), indent=1) + "\n")
         print(exc, file=sys.stderr, flush=True)  # torchrun's own table, for people reading the log
         return 1
     return 0

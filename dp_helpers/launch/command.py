@@ -73,6 +73,7 @@ def plan_launch(script, script_args, world_size, backend, out_dir, timeout, nnod
     backend = resolve_backend(backend, world_size, local_world_size=world_size // nnodes)
     name = target[-1].rsplit(".", 1)[-1] if target[0] == "-m" else Path(target[0]).stem
     run_dir = prepare_run_dir(out_dir, name)
+    (run_dir / "failures.json").unlink(missing_ok=True)  # an earlier failed run's record must not explain this one
     command = torchrun_command(target, script_args, run_dir, world_size, nnodes, rdzv_endpoint)
     local = nnodes == 1 or str(rdzv_endpoint).rsplit(":", 1)[0] in ("127.0.0.1", "localhost")
     return LaunchPlan(command, child_env(run_dir, world_size, backend, nnodes, env, local), run_dir,

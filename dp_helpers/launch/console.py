@@ -74,9 +74,11 @@ def start_reader(stdout) -> tuple[threading.Thread, queue.Queue]:
     return reader, lines
 
 
-def drain(reader: threading.Thread, lines: queue.Queue, console: Console) -> None:
-    """After the tree is stopped: log what is still queued, wait for EOF, close the pipe (no descriptor leaks)."""
+def drain(reader: threading.Thread, lines: queue.Queue, console: Console, stdout) -> None:
+    """After the tree is stopped: wait for EOF, log what is still queued, close the pipe (no descriptor leaks)."""
     reader.join(timeout=GRACE_S)
+    if not reader.is_alive():  # closing it under a reader blocked in readline() would block here too
+        stdout.close()
     while True:
         try:
             item = lines.get_nowait()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 
@@ -95,15 +95,17 @@ def last_exception_line(log: str, rank: int) -> str:
     return hits[-1].split("] ", 1)[-1].strip() if hits else ""
 
 
-VICTIM_RE = re.compile(r"Connection (closed|reset) by peer|remote worker crash|Broken pipe", re.I)
+VICTIM_RE = re.compile(r"Connection (closed|reset) by peer|Connection refused|remote worker crash|Broken pipe", re.I)
 STOP_SIGNALS = ("SIGTERM", "SIGKILL", "SIGINT", "SIGHUP")  # how torchrun (or a person) stops the other ranks
 
 
 def suspicion(f: Failure) -> int:
-    """0: raised its own exception; 1: crashed (SIGSEGV, SIGABRT, ...); 2: died of a peer's crash; 3: was stopped."""
-    if f.exit_code <= 0 or f.signal:
-        return 3 if (f.signal in STOP_SIGNALS or f.exit_code == 0) else 1
-    return 2 if VICTIM_RE.search(f.exception) else 0
+    """0: raised its own exception; 1: crashed (SIGSEGV, SIGABRT, ...); 2: died of a peer's failure, or of no known cause; 3: was stopped."""
+    if f.exception and not VICTIM_RE.search(f.exception):
+        return 0  # also when a signal followed the exception (an abort during shutdown)
+    if f.signal and f.signal not in STOP_SIGNALS:
+        return 1
+    return 3 if f.signal else 2
 
 
 def culprit_first(found: list[Failure]) -> list[Failure]:
@@ -121,8 +123,7 @@ def find_failures(run_dir: Path, log: str) -> list[Failure]:
     """The run's failures, culprit first: from the agent's record, else from torchrun's table; causes filled in from the log."""
     found = read_records(run_dir / "failures.json")
     found = parse_table(log) if found is None else found
-    found = [f if f.exception else Failure(f.rank, f.exit_code, last_exception_line(log, f.rank), f.signal)
-             for f in found]
+    found = [f if f.exception else replace(f, exception=last_exception_line(log, f.rank)) for f in found]
     return culprit_first(found)
 
 
@@ -142,9 +143,9 @@ def describe(first: Failure) -> str:
     return message
 
 
-def failure(rc: int, log: str, run_dir: Path) -> DistributedRunError:
+def failure(rc: int, log: str, run_dir: Path, found: list[Failure] | None = None) -> DistributedRunError:
     """The error for a failed run: root-cause rank, exit code and exception, the others, then the log tail."""
-    tail, found = last_lines(log), find_failures(run_dir, log)
+    tail, found = last_lines(log), find_failures(run_dir, log) if found is None else culprit_first(found)
     if not found:
         return DistributedRunError(f"torchrun exited with code {rc} before any rank reported a failure; "
                                    f"last output:\n{tail}", exit_code=rc, log_tail=tail, run_dir=run_dir)

@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 from ..runs import prepare_run_dir
-from .command import PACKAGE_ROOT
-from .diagnose import DistributedRunError
+from .command import GRACE_S, PACKAGE_ROOT
+from .diagnose import DistributedRunError, RunTimeoutError, failure, read_records
 from .run import RunResult, run_ddp
 
 PORT_TRIES = 3
@@ -35,6 +35,23 @@ def start_node(script, script_args, world_size: int, nnodes: int, rank: int, end
                              *map(str, script_args)], stdin=subprocess.DEVNULL, env=env)  # this copy of dp_helpers
 
 
+def wait_node(proc: subprocess.Popen, rank: int, timeout: float) -> int:
+    """An extra node's exit code, or RunTimeoutError if it outlives the run's timeout."""
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise RunTimeoutError(f"node {rank} was still running {timeout:g}s after node 0 finished.") from None
+
+
+def across_nodes(exc: DistributedRunError, run_dir) -> DistributedRunError:
+    """Node 0's error, re-diagnosed with every node's recorded failures: the culprit may be on another node."""
+    found = [f for path in sorted(run_dir.glob("node*/failures.json")) for f in (read_records(path) or [])]
+    if not found:
+        return exc
+    log = (run_dir / "node0" / "console.log").read_text(encoding="utf-8", errors="replace")
+    return failure(exc.exit_code or 1, log, run_dir, found)
+
+
 def launch_nodes(script, script_args, nnodes: int, world_size: int, run_dir, timeout: float) -> RunResult:
     """Start nodes 1..n-1 in the background and node 0 here, at one fresh port; returns node 0's run."""
     endpoint = f"127.0.0.1:{free_local_port()}"
@@ -43,7 +60,14 @@ def launch_nodes(script, script_args, nnodes: int, world_size: int, run_dir, tim
     try:
         result = run_ddp(script, *script_args, world_size=world_size, nnodes=nnodes, node_rank=0,
                          rdzv_endpoint=endpoint, out_dir=run_dir / "node0", timeout=timeout)
-        codes = [p.wait(timeout=timeout) for p in others]
+        codes = [wait_node(p, rank, timeout) for rank, p in enumerate(others, start=1)]
+    except DistributedRunError as exc:
+        for p in others:  # their ranks fail too once node 0's are gone; let them write their records
+            try:
+                p.wait(timeout=4 * GRACE_S)
+            except subprocess.TimeoutExpired:
+                pass
+        raise across_nodes(exc, run_dir) from None
     finally:
         for p in others:
             if p.poll() is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 
@@ -18,6 +19,8 @@ class ProcessTree:
 
     def remember(self) -> None:
         """Record the current descendants: once the root is gone they can no longer be found through it."""
+        if self.proc.returncode is not None:  # reaped: its pid may already belong to another process
+            return
         try:
             for child in psutil.Process(self.proc.pid).children(recursive=True):
                 self.seen.setdefault(child.pid, child)
@@ -61,6 +64,14 @@ def send(p: psutil.Process, sig: int) -> None:
         pass
 
 
+def kill_session(pgid: int) -> None:
+    """SIGKILL a process group that start_new_session created, if anything is left in it."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def start(command: list[str], env: dict[str, str]) -> subprocess.Popen:
     """Start a command in its own session, stdout and stderr merged into one pipe (no pre-exec hook: fork-safe)."""
     return subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -77,7 +88,8 @@ def run_tree(command: list[str], timeout: float, env: dict[str, str] | None = No
     except subprocess.TimeoutExpired as exc:
         raise subprocess.TimeoutExpired(command, timeout) from exc
     finally:
-        tree.kill()  # grandchildren a finished child left behind, or the tree on KeyboardInterrupt
+        tree.kill()  # on a timeout or KeyboardInterrupt: the child and its descendants
+        kill_session(proc.pid)  # what a finished child left behind in its session (unless it left the session)
         for stream in (proc.stdout, proc.stderr):
             stream.close()
     return subprocess.CompletedProcess(command, proc.returncode, out, err)

@@ -64,8 +64,7 @@ def run_ddp(script, *script_args, world_size: int | None = None, backend: str = 
                               log_tail=tail, run_dir=plan.run_dir) from None
     finally:  # also on KeyboardInterrupt (the notebook's stop button), which then propagates
         tree.kill()  # stops the tree if it still runs, reaps, stops orphans that outlived torchrun
-        drain(reader, lines, console)
-        tree.proc.stdout.close()
+        drain(reader, lines, console, tree.proc.stdout)
         console.close()
     log = console.path.read_text(encoding="utf-8")
     if tree.proc.returncode != 0:
