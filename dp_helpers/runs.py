@@ -23,9 +23,13 @@ def fresh_run_dir(name: str) -> Path:
 
 def prepare_run_dir(out_dir, name: str) -> Path:
     """Create the run folder (a fresh one under runs/ by default); refuse one that is unwritable or already holds a run."""
+    if out_dir is not None and not str(out_dir).strip():
+        raise UsageError("the output folder is an empty string; give a folder name, or none for a new one under runs/.")
     run_dir = Path(fresh_run_dir(name) if out_dir is None else out_dir).expanduser().resolve()
     if metrics_dir(run_dir).exists() or (run_dir / "summary.json").exists():
         raise UsageError(f"output folder {run_dir} already holds a run; choose a new folder or delete it.")
+    if run_dir.is_dir() and any(run_dir.iterdir()):
+        raise UsageError(f"output folder {run_dir} exists and is not empty; a run writes into a new or empty folder.")
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         probe = run_dir / f".write-test-{os.getpid()}"

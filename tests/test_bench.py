@@ -38,10 +38,10 @@ def test_bench_quick_writes_the_documented_fields(tmp_path, monkeypatch, pools, 
 
     monkeypatch.setattr(bench, "launch_worker", in_pool)
     code = main(["bench", "--quick", "--world-sizes", "1", "2", "--no-overhead", "--hidden", "32", "--depth", "2",
-                 "--batches", "16", "64", "--out", str(tmp_path)])
+                 "--batches", "16", "64", "--out", str(tmp_path / "b")])
     proc = subprocess.CompletedProcess([], code, *capsys.readouterr())
     assert proc.returncode == 0, proc.stderr[-2000:]
-    result = json.loads((tmp_path / "bench.json").read_text())
+    result = json.loads((tmp_path / "b" / "bench.json").read_text())
     assert set(result) >= {"config", "machine", "throughput", "speedup", "ceiling_speedup", "efficiency",
                            "efficiency_vs_ceiling", "batch_sweep", "allreduce", "train_overhead",
                            "dataparallel_speedup", "dataparallel_kind", "gpu", "backend"}
@@ -56,7 +56,7 @@ def test_bench_quick_writes_the_documented_fields(tmp_path, monkeypatch, pools, 
     assert set(row) >= {"bytes", "all_reduce_s", "ring_s", "busbw_all_reduce_GBps", "busbw_ring_GBps", "ring_over_all_reduce"}
     assert [row["bytes"] for row in result["allreduce"]] == [65536, 1048576, 16777216]
     for name in ("speedup", "bandwidth", "efficiency_batch"):
-        assert (tmp_path / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
+        assert (tmp_path / "b" / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
     assert "N=2: speed-up" in proc.stdout
 
 

@@ -125,13 +125,21 @@ def test_an_exception_found_in_the_log_keeps_its_timestamp(tmp_path):
     assert failure(1, log, tmp_path).ranks == (1, 0)  # both raised: the earlier one first
 
 
-def test_a_new_launch_forgets_an_old_failure_record(tmp_path, write_script):
+@pytest.mark.parametrize("out, words", [
+    ("", "the output folder is an empty string"),
+    ("used", "exists and is not empty"),  # e.g. '.', or a folder an earlier failed run left its failures.json in
+])
+def test_a_launch_writes_only_into_a_new_or_empty_folder(tmp_path, write_script, out, words):
+    from dp_helpers.checks import UsageError
     from dp_helpers.launch.command import plan_launch
 
-    (tmp_path / "run").mkdir()
-    (tmp_path / "run" / "failures.json").write_text("[]")
-    plan_launch(write_script("print(1)"), (), 2, "gloo", tmp_path / "run", 60, 1, 0, None, None, None)
-    assert not (tmp_path / "run" / "failures.json").exists()
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "failures.json").write_text("[]")
+    (tmp_path / "empty").mkdir()
+    target = out if out == "" else tmp_path / out
+    with pytest.raises(UsageError, match=words):
+        plan_launch(write_script("print(1)"), (), 2, "gloo", target, 60, 1, 0, None, None, None)
+    assert plan_launch(write_script("print(1)"), (), 2, "gloo", tmp_path / "empty", 60, 1, 0, None, None, None)
 
 
 def test_several_nodes_are_diagnosed_together(tmp_path):

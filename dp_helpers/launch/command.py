@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,7 +40,7 @@ def child_env(run_dir: Path, world_size: int, backend: str, nnodes: int, extra,
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # the hostname's interface is flaky on CI runners
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_ROOT), env.get("PYTHONPATH")) if p)
     env.update(PYTHONUNBUFFERED="1", MPLBACKEND="Agg", DP_BACKEND=backend, DP_RUN_DIR=str(run_dir),
-               DP_LAUNCHER_PID=str(os.getpid()),
+               DP_LAUNCHER_PID=str(os.getpid()), DP_LAUNCH_ID=uuid.uuid4().hex,  # every process of this launch
                # seconds torchrun waits between SIGTERM and SIGKILL when it stops the ranks (its default: 30);
                # read by torch >= 2.12, ignored before (then the launcher's own tree kill bounds the wait)
                TORCH_ELASTIC_SHUTDOWN_TIMEOUT=str(int(GRACE_S)),
@@ -73,7 +74,6 @@ def plan_launch(script, script_args, world_size, backend, out_dir, timeout, nnod
     backend = resolve_backend(backend, world_size, local_world_size=world_size // nnodes)
     name = target[-1].rsplit(".", 1)[-1] if target[0] == "-m" else Path(target[0]).stem
     run_dir = prepare_run_dir(out_dir, name)
-    (run_dir / "failures.json").unlink(missing_ok=True)  # an earlier failed run's record must not explain this one
     command = torchrun_command(target, script_args, run_dir, world_size, nnodes, rdzv_endpoint)
     local = nnodes == 1 or str(rdzv_endpoint).rsplit(":", 1)[0] in ("127.0.0.1", "localhost")
     return LaunchPlan(command, child_env(run_dir, world_size, backend, nnodes, env, local), run_dir,

@@ -14,8 +14,12 @@ from .command import GRACE_S
 class ProcessTree:
     """A started process and every descendant seen so far (orphans stay known after their parent died)."""
 
-    def __init__(self, proc: subprocess.Popen):
-        self.proc, self.seen = proc, {}
+    # With a marker (DP_LAUNCH_ID in the environment the tree started with), kill() also sweeps the machine
+    # for any process that inherited it: workers torchrun was still starting, orphans in other sessions
+    # (torchrun gives each worker its own session, so a process-group kill would miss them).
+
+    def __init__(self, proc: subprocess.Popen, marker: str | None = None):
+        self.proc, self.seen, self.marker = proc, {}, marker
 
     def remember(self) -> None:
         """Record the current descendants: once the root is gone they can no longer be found through it."""
@@ -45,7 +49,32 @@ class ProcessTree:
             send(p, signal.SIGKILL)
         psutil.wait_procs(left, timeout=GRACE_S)
         self.proc.wait()
-        return len(family)
+        return len(family) + (self.sweep() if self.marker else 0)
+
+    def sweep(self, passes: int = 20) -> int:
+        """SIGKILL every process carrying the marker, pass after pass until a pass finds none; returns how many."""
+        stopped = 0
+        for _ in range(passes):
+            found = marked(self.marker)
+            if not found:
+                break
+            for p in found:
+                send(p, signal.SIGKILL)
+            psutil.wait_procs(found, timeout=GRACE_S)
+            stopped += len(found)
+        return stopped
+
+
+def marked(marker: str) -> list[psutil.Process]:
+    """Live processes (zombies excluded) whose environment has DP_LAUNCH_ID=marker."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.pid != os.getpid() and p.environ().get("DP_LAUNCH_ID") == marker and alive(p):
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return found
 
 
 def alive(p: psutil.Process) -> bool:

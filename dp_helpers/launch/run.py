@@ -49,7 +49,7 @@ def run_ddp(script, *script_args, world_size: int | None = None, backend: str = 
                        rdzv_endpoint, env, progress)
     console, began = Console(plan, echo), time.monotonic()
     try:
-        tree = ProcessTree(start(plan.command, plan.env))
+        tree = ProcessTree(start(plan.command, plan.env), marker=plan.env["DP_LAUNCH_ID"])
     except BaseException:
         console.close()
         raise
