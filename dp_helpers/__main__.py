@@ -1,8 +1,10 @@
-"""`python -m dp_helpers train | doctor`: the main job and the machine report (see README)."""
+"""`python -m dp_helpers train | doctor | bench`: the main job, the machine report and the benchmark (see README)."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -16,13 +18,17 @@ def build_parser() -> argparse.ArgumentParser:
     """The CLI's parser with its two commands."""
     parser = argparse.ArgumentParser(prog="python -m dp_helpers", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    train = sub.add_parser("train", help="train the source article's problem with DDP and write a run folder")
+    train = sub.add_parser("train", help="train the source article's problem with DDP and write a run folder",
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     train.add_argument("--world-size", type=int, default=None,
                        help="processes (default: one per GPU with >= 2 GPUs, else 2 CPU processes)")
     train.add_argument("--backend", choices=BACKENDS, default="auto", help="process-group backend")
     add_train_flags(train)
-    train.add_argument("--out", default=None, help="run folder (default: a new one under runs/)")
-    train.add_argument("--timeout", type=float, default=600.0, help="seconds before the run is stopped")
+    train.add_argument("--out", default=None, help="run folder, new or empty (default: a new one under runs/)")
+    train.add_argument("--timeout", type=float, default=None,
+                       help="seconds before the run is stopped (default: no limit)")
+    train.add_argument("--oversubscribe", action="store_true",
+                       help="allow a world size far above the CPU cores (more than max(8, 4 x cores) processes)")
     sub.add_parser("doctor", help="what this machine can do and what train would pick")
     bench = sub.add_parser("bench", help="throughput, speed-up and all-reduce bandwidth, measured side by side")
     bench.add_argument("--quick", action="store_true", help="fewer steps and sizes: about a minute on 2 CPU cores")
@@ -36,6 +42,21 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--hidden", type=int, default=1024, help="width of the benchmark MLP's hidden layers")
     bench.add_argument("--depth", type=int, default=4, help="hidden layers of the benchmark MLP")
     return parser
+
+
+def flag_rows(command: str = "train") -> list[tuple[str, str, str]]:
+    """(flag, default, meaning) of every flag of a CLI command: the README's table is this, and a test keeps it so."""
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    rows = []
+    for action in sub._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        flag = " / ".join(f"`{s}`" for s in action.option_strings if s.startswith("--"))
+        if action.choices:
+            flag = flag[:-1] + " {" + ",".join(map(str, action.choices)) + "}`"
+        default = {False: "off", True: "on", None: "see meaning", "": "none"}.get(action.default, f"`{action.default}`")
+        rows.append((flag, default, action.help.replace("|", "/")))
+    return rows
 
 
 def cmd_doctor(_args: argparse.Namespace) -> int:
@@ -68,31 +89,81 @@ def progress_steps(cfg, world_size: int) -> int | None:
     plan = shard_plan(cfg.samples, world_size, cfg.batch_size, cfg.grad_accum_steps)
     last, first = (min(cfg.epochs, cfg.stop_after) if cfg.stop_after else cfg.epochs), 0
     if cfg.resume:  # torch is imported only when resuming
-        from .training import checkpoint_epoch
+        from .training import check_resume
 
-        first = checkpoint_epoch(cfg.resume)
+        first = check_resume(cfg, world_size)
     return plan.optimizer_steps * max(last - first, 0) or None
+
+
+def check_machine(args: argparse.Namespace, cfg, world_size: int) -> None:
+    """Refuse what this machine cannot run: far more CPU processes than cores, SyncBatchNorm without GPUs."""
+    from .env import cpu_cores, resolve_backend
+
+    backend = resolve_backend(args.backend, world_size)
+    if cfg.bn_sync == "syncbn" and backend != "nccl":
+        raise UsageError("bn_sync 'syncbn' needs one GPU per process on nccl (SyncBatchNorm refuses CPU tensors); "
+                         "use --bn-sync allreduce, the same statistics by hand.")
+    limit = max(8, 4 * cpu_cores())
+    if backend == "gloo" and world_size > limit and not args.oversubscribe:
+        raise UsageError(f"world size {world_size} means {world_size} CPU processes on {cpu_cores()} core(s); "
+                         f"use at most {limit}, or pass --oversubscribe if you mean it.")
+
+
+def stopped_summary(run_dir: Path, cfg, reason: str) -> None:
+    """After a run was stopped: summary.json says so, and how far it got (what finished stays in the folder)."""
+    from .metrics import metrics_dir
+    from .runs import write_text_atomic
+
+    if run_dir is None or (run_dir / "summary.json").exists():
+        return
+    rank0 = metrics_dir(run_dir) / "rank0.jsonl"
+    steps = len(rank0.read_text(encoding="utf-8").splitlines()) if rank0.exists() else 0
+    write_text_atomic(run_dir / "summary.json", json.dumps(
+        {"status": "stopped", "reason": reason, "config": cfg.as_dict(), "steps_logged_by_rank_0": steps,
+         "checkpoint": cfg.checkpoint or None}, indent=2) + "\n")
+
+
+def report(result, lines: list[str]) -> None:
+    """Print the final lines and add them to console.log, which then holds everything the run printed."""
+    for line in lines:
+        print(line)
+    with open(Path(result.run_dir) / "console.log", "a", encoding="utf-8") as log:
+        log.write("".join(f"{line}\n" for line in lines))
 
 
 def cmd_train(args: argparse.Namespace) -> int:
     """Validate, launch the DDP job with a progress bar, draw loss.png, print where everything is."""
-    from .launch import plan_world_size, run_ddp
+    from .launch import RunTimeoutError, plan_world_size, run_ddp
 
     cfg = config_from_args(args)
     world_size = plan_world_size(args.world_size, args.backend)
     validate(cfg, world_size)
-    result = run_ddp("dp_helpers.scripts.train", *cfg.as_args(), world_size=world_size,
-                     backend=args.backend, out_dir=args.out, timeout=args.timeout,
-                     progress=progress_steps(cfg, world_size))
+    check_machine(args, cfg, world_size)
+    try:
+        result = run_ddp("dp_helpers.scripts.train", *cfg.as_args(), world_size=world_size,
+                         backend=args.backend, out_dir=args.out, timeout=args.timeout,
+                         progress=progress_steps(cfg, world_size))
+    except RunTimeoutError as exc:
+        stopped_summary(exc.run_dir, cfg, f"--timeout {args.timeout:g} s")
+        raise RunTimeoutError(f"{exc}\nThe run folder keeps what finished ({exc.run_dir}); raise --timeout, or leave it "
+                              "out: the CLI sets no limit by default.", run_dir=exc.run_dir) from None
     from .plotting import save_loss_figure
 
     save_loss_figure(result.run_dir, Path(result.run_dir) / "loss.png")
     summary = result.summary
-    print(f"final loss {summary['final_loss']:.6f} after {summary['steps']} steps on "
-          f"{result.world_size} x {result.backend} in {result.wall_time:.1f}s")
-    print(f"equivalence: {summary['equivalence']}")
-    print(f"run folder: {result.run_dir}")
+    report(result, [f"final loss {summary['final_loss']:.6f} after {summary['steps']} steps on "
+                    f"{result.world_size} x {result.backend} in {result.wall_time:.1f}s",
+                    f"equivalence: {summary['equivalence']}", f"run folder: {result.run_dir}"])
     return 0
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, turned into an exception so the launcher stops its processes before the CLI exits."""
+
+
+def on_sigterm(signum, frame) -> None:
+    """The SIGTERM handler."""
+    raise Terminated()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     from .launch import DistributedRunError
 
     args = build_parser().parse_args(argv)
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
         return {"train": cmd_train, "doctor": cmd_doctor, "bench": cmd_bench}[args.command](args)
     except UsageError as exc:
@@ -108,9 +180,14 @@ def main(argv: list[str] | None = None) -> int:
     except DistributedRunError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except Terminated:
+        print("terminated (SIGTERM): the run was stopped and no process it started is left running.", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
-        print("interrupted: the run was stopped and no process is left running.", file=sys.stderr)
+        print("interrupted: the run was stopped and no process it started is left running.", file=sys.stderr)
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

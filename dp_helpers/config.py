@@ -70,6 +70,11 @@ def validate(cfg: TrainConfig, world_size: int = 1) -> None:
     check_positive_number("lr", cfg.lr)
     if isinstance(cfg.momentum, bool) or not (isinstance(cfg.momentum, (int, float)) and 0 <= cfg.momentum < 1):
         raise UsageError(f"momentum must be a number in [0, 1), got {cfg.momentum!r}.")
+    if cfg.bn_sync != "none" and cfg.model != "bn":
+        raise UsageError(f"bn_sync={cfg.bn_sync!r} only means something for model 'bn' (the one with BatchNorm); "
+                         f"model {cfg.model!r} has no BatchNorm: drop --bn-sync or use --model bn.")
+    if cfg.resume and Path(cfg.resume).is_dir():
+        raise UsageError(f"resume={cfg.resume!r} is a folder; give the checkpoint file a --checkpoint run wrote.")
     if cfg.resume and not Path(cfg.resume).is_file():
         raise UsageError(f"resume={cfg.resume!r}: no such checkpoint file; give the path a --checkpoint run wrote.")
     if cfg.checkpoint and not Path(cfg.checkpoint).resolve().parent.is_dir():

@@ -119,12 +119,37 @@ def train_steps(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, s
     return model
 
 
-def checkpoint_epoch(path: str) -> int:
-    """The epoch a checkpoint written by scripts/train.py resumes from (the CLI sizes its progress bar with it)."""
+def read_checkpoint(path: str) -> dict:
+    """A checkpoint written by scripts/train.py (model, optimizer, epoch, step, and the run's settings), on the CPU."""
     try:
-        return int(torch.load(path, map_location="cpu", weights_only=True)["epoch"])
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        int(state["epoch"]), state["model"].items()  # noqa: B018 - the fields every checkpoint has
+        return state
     # unreadable (OSError, EOFError), not a torch file (RuntimeError), unsafe pickle (UnpicklingError),
     # or a torch file without an epoch (KeyError, TypeError, IndexError, ValueError)
     except (OSError, EOFError, RuntimeError, pickle.UnpicklingError, KeyError, TypeError, IndexError,
             ValueError) as exc:
         raise UsageError(f"{path} is not a checkpoint written by --checkpoint ({type(exc).__name__}).") from exc
+    except AttributeError as exc:  # "model" is not a state_dict
+        raise UsageError(f"{path} is not a checkpoint written by --checkpoint ({type(exc).__name__}).") from exc
+
+
+def check_resume(cfg, world_size: int) -> int:
+    """Refuse, in one sentence, a checkpoint this run cannot continue; returns the epoch it resumes from."""
+    from .models import build_model
+
+    state = read_checkpoint(cfg.resume)
+    mine = {k: tuple(v.shape) for k, v in build_model(cfg.model, cfg.dim, cfg.seed).state_dict().items()}
+    theirs = {k: tuple(v.shape) for k, v in state["model"].items()}
+    if mine != theirs:
+        raise UsageError(f"{cfg.resume} holds another model's weights ({', '.join(f'{k} {list(s)}' for k, s in theirs.items())}); "
+                         f"resume with the --model and --dim it was trained with (now: --model {cfg.model} --dim {cfg.dim}).")
+    if int(state["epoch"]) >= cfg.epochs:
+        raise UsageError(f"{cfg.resume} finished epoch {state['epoch']} of --epochs {cfg.epochs}: nothing is left to "
+                         "train; raise --epochs to continue.")
+    written = {k: state[k] for k in ("world_size", "batch_size") if k in state}
+    if written and written != {"world_size": world_size, "batch_size": cfg.batch_size}:
+        raise UsageError(f"{cfg.resume} was written by world size {written.get('world_size')} x batch "
+                         f"{written.get('batch_size')}; resume with the same --world-size and --batch-size (the "
+                         "sampler's shards and the batches depend on both).")
+    return int(state["epoch"])

@@ -61,6 +61,9 @@ def test_cli_writes_the_run_folder(cli_run):
     assert summary["world_size"] == 2 and summary["backend"] == "gloo" and summary["steps"] == 50
     assert summary["config"] == TrainConfig().as_dict() and summary["equivalent_to_large_batch"]
     assert summary["final_loss"] < 0.95 * summary["epoch_losses"][0]  # the labels are learnable
+    assert summary["status"] == "finished"
+    log = (out / "console.log").read_text()
+    assert "[rank 0/2] epoch 10/10" in log and log.rstrip().endswith(f"run folder: {out}")  # the CLI's own lines too
 
 
 def test_cli_prints_one_line_per_epoch_from_rank_0(cli_run):

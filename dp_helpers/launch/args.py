@@ -37,7 +37,8 @@ def check_args(script_args, env, timeout) -> None:
     if env is not None and (not isinstance(env, Mapping) or
                             not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
         raise UsageError("env must be a mapping of str to str.")
-    check_positive_number("timeout", timeout)
+    if timeout is not None:  # None: no limit
+        check_positive_number("timeout", timeout)
 
 
 def check_nodes(world_size: int, nnodes: int, node_rank: int, rdzv_endpoint: str | None) -> None:

@@ -27,7 +27,7 @@ class LaunchPlan:
     run_dir: Path
     world_size: int
     backend: str
-    timeout: float
+    timeout: float | None  # seconds; None: no limit
     progress: int | None = None
 
 
@@ -77,4 +77,4 @@ def plan_launch(script, script_args, world_size, backend, out_dir, timeout, nnod
     command = torchrun_command(target, script_args, run_dir, world_size, nnodes, rdzv_endpoint)
     local = nnodes == 1 or str(rdzv_endpoint).rsplit(":", 1)[0] in ("127.0.0.1", "localhost")
     return LaunchPlan(command, child_env(run_dir, world_size, backend, nnodes, env, local), run_dir,
-                      world_size, backend, float(timeout), progress)
+                      world_size, backend, None if timeout is None else float(timeout), progress)

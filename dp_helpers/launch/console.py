@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import queue
 import sys
 import threading
@@ -90,7 +91,8 @@ def drain(reader: threading.Thread, lines: queue.Queue, console: Console, stdout
 
 def stream(tree: ProcessTree, plan: LaunchPlan, console: Console, lines: queue.Queue) -> None:
     """Forward output until torchrun exits; enforce the deadline; never wait on a pipe orphans still hold."""
-    deadline, exited_at, last_scan = time.monotonic() + plan.timeout, None, 0.0
+    limit = math.inf if plan.timeout is None else plan.timeout
+    deadline, exited_at, last_scan = time.monotonic() + limit, None, 0.0
     while True:
         now = time.monotonic()
         if now - last_scan > 0.5:

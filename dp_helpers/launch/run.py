@@ -40,10 +40,10 @@ class RunResult:
 
 
 def run_ddp(script, *script_args, world_size: int | None = None, backend: str = "auto", out_dir=None,
-            timeout: float = 600, nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None,
+            timeout: float | None = 600, nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None,
             env: Mapping[str, str] | None = None, progress: int | None = None, echo: bool = True) -> RunResult:
     """Run a .py script or a module under torchrun with world_size processes; raise DistributedRunError if a rank fails."""
-    # RunTimeoutError after `timeout` seconds; KeyboardInterrupt is re-raised; in every case the whole
+    # RunTimeoutError after `timeout` seconds (None: no limit); KeyboardInterrupt is re-raised; in every case the whole
     # process tree is gone first. `progress`: the steps rank 0 will log, for a progress bar.
     plan = plan_launch(script, script_args, world_size, backend, out_dir, timeout, nnodes, node_rank,
                        rdzv_endpoint, env, progress)
@@ -59,7 +59,7 @@ def run_ddp(script, *script_args, world_size: int | None = None, backend: str = 
         tree.proc.wait(timeout=GRACE_S * 3)
     except RunTimeoutError as exc:
         stopped = tree.kill()
-        tail = last_lines(console.last())
+        tail = last_lines(console.last()) or "(nothing was printed yet)"
         raise RunTimeoutError(f"{exc} Stopped {stopped} process(es); last output:\n{tail}",
                               log_tail=tail, run_dir=plan.run_dir) from None
     finally:  # also on KeyboardInterrupt (the notebook's stop button), which then propagates

@@ -88,11 +88,11 @@ def run_epoch(epoch: int, step: int, model, loader, optimizer, writer: MetricsWr
     return step, loss_sum, count
 
 
-def save_checkpoint(path: str, model, optimizer, epoch: int, step: int, info: dph.DistInfo) -> None:
+def save_checkpoint(path: str, model, optimizer, epoch: int, step: int, batch_size: int, info: dph.DistInfo) -> None:
     """Rank 0 writes model, optimizer and position whole, then renames it into place; every rank waits for it."""
     if info.is_main:
         state = {"model": dph.unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
-                 "epoch": epoch, "step": step}
+                 "epoch": epoch, "step": step, "world_size": info.world_size, "batch_size": batch_size}
         write_atomic(path, lambda tmp: torch.save(state, tmp))
     dist.barrier()  # nobody reads the file before it is complete
 
@@ -130,7 +130,7 @@ def train(cfg: TrainConfig, info: dph.DistInfo) -> dict:
             losses.append(dph.epoch_mean_loss(loss_sum, count, info))
             dph.print0(info, f"epoch {epoch + 1}/{cfg.epochs}  loss={losses[-1]:.6f}  steps={step}")
             if cfg.checkpoint:
-                save_checkpoint(cfg.checkpoint, model, optimizer, epoch + 1, step, info)
+                save_checkpoint(cfg.checkpoint, model, optimizer, epoch + 1, step, cfg.batch_size, info)
     summary = make_summary(cfg, info, step, losses, comm, time.perf_counter() - start)
     if info.is_main:
         save_outputs(info.run_dir, model, summary)
@@ -140,7 +140,7 @@ def train(cfg: TrainConfig, info: dph.DistInfo) -> dict:
 def make_summary(cfg: TrainConfig, info: dph.DistInfo, step: int, losses: list, comm: dict, seconds: float) -> dict:
     """What summary.json records about the run."""
     plan = shard_plan(cfg.samples, info.world_size, cfg.batch_size, cfg.grad_accum_steps)
-    return {"config": cfg.as_dict(), "world_size": info.world_size, "backend": info.backend, "sync": cfg.sync,
+    return {"status": "finished", "config": cfg.as_dict(), "world_size": info.world_size, "backend": info.backend, "sync": cfg.sync,
             "device": str(info.device), "global_batch_size": plan.global_batch,
             "steps": step, "epoch_losses": losses, "final_loss": losses[-1] if losses else None,
             "allreduce_calls": comm["allreduces"], "allreduce_bytes": comm["bytes"],
