@@ -147,10 +147,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         stopped_summary(exc.run_dir, cfg, f"--timeout {args.timeout:g} s")
         raise RunTimeoutError(f"{exc}\nThe run folder keeps what finished ({exc.run_dir}); raise --timeout, or leave it "
                               "out: the CLI sets no limit by default.", run_dir=exc.run_dir) from None
-    from .plotting import save_loss_figure
+    from .plotting import run_title, save_loss_figure
 
-    save_loss_figure(result.run_dir, Path(result.run_dir) / "loss.png")
     summary = result.summary
+    save_loss_figure(result.run_dir, Path(result.run_dir) / "loss.png", title=run_title(summary))
     report(result, [f"final loss {summary['final_loss']:.6f} after {summary['steps']} steps on "
                     f"{result.world_size} x {result.backend} in {result.wall_time:.1f}s",
                     f"equivalence: {summary['equivalence']}", f"run folder: {result.run_dir}"])

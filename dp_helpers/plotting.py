@@ -85,12 +85,50 @@ def plot_loss_curves(run_or_runs, ax=None, per_rank: bool = True, labels=None):
     return ax
 
 
-def save_loss_figure(run_dir, path) -> Path:
-    """Draw one run's curves on a pyplot-free Figure and save it to `path` (the train job's loss.png)."""
+def epoch_means(records: list[dict]) -> tuple[list[int], list[float]]:
+    """Per epoch, the sample-weighted mean loss over all ranks and steps, placed at the epoch's last step."""
+    sums: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0, -1])
+    for r in records:
+        total = sums[r["epoch"]]
+        total[0], total[1], total[2] = total[0] + r["loss"] * r["samples"], total[1] + r["samples"], max(total[2], r["step"])
+    epochs = sorted(sums)
+    return [sums[e][2] for e in epochs], [sums[e][0] / sums[e][1] for e in epochs]
+
+
+def plot_run(run_dir, ax=None, title: str | None = None):
+    """One run in detail: each rank in its own colour, the mean over ranks, and the per-epoch mean; returns the Axes."""
+    ax = _get_ax(ax)
+    label, records = _load(run_dir)
+    if not records:
+        raise UsageError(f"{label}: no metric records; did training run 0 steps?")
+    by_rank = defaultdict(list)
+    for r in records:
+        by_rank[r["rank"]].append(r)
+    for rank, rows in sorted(by_rank.items()):
+        steps, losses = [r["step"] for r in rows], [r["loss"] for r in rows]
+        ax.plot(steps, losses, color=f"C{rank % 10}", alpha=0.45, linewidth=0.8, label=f"rank {rank}")
+        _mark_nonfinite(ax, f"rank {rank}", steps, losses, f"C{rank % 10}")
+    steps, losses = mean_curve(records)
+    ax.plot(steps, losses, color="black", linewidth=1.6, label=f"mean of {records[0]['world_size']} ranks")
+    ax.plot(*epoch_means(records), "s-", color="crimson", linewidth=2, markersize=5, label="epoch mean")
+    ax.set(xlabel="step", ylabel="loss", title=title or label)
+    ax.legend(fontsize="small", ncol=2)
+    return ax
+
+
+def run_title(summary: dict) -> str:
+    """A run's configuration in one line, for its figure."""
+    cfg = summary["config"]
+    return (f"{summary['world_size']} x {summary['backend']}, batch {cfg['batch_size']} per rank "
+            f"(global {summary['global_batch_size']}), lr {cfg['lr']}, model {cfg['model']}")
+
+
+def save_loss_figure(run_dir, path, title: str | None = None) -> Path:
+    """Draw one run on a pyplot-free Figure and save it to `path` (the train job's loss.png)."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(7, 4))  # no pyplot: no backend switch, no figure left open in a notebook
-    plot_loss_curves(run_dir, ax=fig.subplots())
+    fig = Figure(figsize=(8, 4.5))  # no pyplot: no backend switch, no figure left open in a notebook
+    plot_run(run_dir, ax=fig.subplots(), title=title)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     return Path(path)

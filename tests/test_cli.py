@@ -122,3 +122,14 @@ def test_help_names_every_command_and_shows_defaults(capsys):
     with pytest.raises(SystemExit):
         cli_main(["train", "--help"])
     assert "(default: 10)" in capsys.readouterr().out
+
+
+def test_a_diverging_loss_gets_a_warning(tmp_path):
+    from dp_helpers.metrics import MetricsWriter
+    from dp_helpers.scripts.train import divergence
+
+    with MetricsWriter(tmp_path, 0, 1) as w:
+        w.log(epoch=0, step=0, loss=0.7, samples=10)
+    assert divergence(tmp_path, 0.5) is None and divergence(tmp_path, 6.9) is None
+    assert "diverging; lower --lr" in divergence(tmp_path, 31.0)
+    assert "diverged; lower --lr" in divergence(tmp_path, float("nan"))

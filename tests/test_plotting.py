@@ -74,3 +74,22 @@ def test_bucket_sweep_labels_the_default_cap():
     assert [t.get_text() for t in ax.get_xticklabels()] == ["default", "0.25"]
     assert [p.get_height() for p in ax.patches] == [2.0, 6.0]
     plt.close("all")
+
+
+def test_plot_run_colours_ranks_apart_and_draws_epoch_means(tmp_path):
+    from matplotlib.figure import Figure
+
+    from dp_helpers.metrics import MetricsWriter
+    from dp_helpers.plotting import epoch_means, plot_run
+
+    for rank in range(2):
+        with MetricsWriter(tmp_path, rank, 2) as w:
+            for step in range(4):
+                w.log(epoch=step // 2, step=step, loss=1.0 + rank + step, samples=10)
+    ax = plot_run(tmp_path, ax=Figure().subplots(), title="2 x gloo")
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert labels == ["rank 0", "rank 1", "mean of 2 ranks", "epoch mean"] and ax.get_title() == "2 x gloo"
+    assert ax.get_lines()[0].get_color() != ax.get_lines()[1].get_color()
+    from dp_helpers.metrics import read_metrics
+
+    assert epoch_means(read_metrics(tmp_path)) == ([1, 3], [2.0, 4.0])  # (1+2+2+3)/4 and (3+4+4+5)/4

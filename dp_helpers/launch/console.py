@@ -24,19 +24,53 @@ def pump(stream, lines: queue.Queue) -> None:
     lines.put(None)
 
 
+class Progress:
+    """Steps done: a bar on a terminal or in a notebook; elsewhere (a CI log, a pipe) one line per quarter."""
+
+    def __init__(self, total: int, world_size: int):
+        self.total, self.done, self.quarter = total, 0, 1
+        self.bar = None
+        if sys.stderr.isatty() or "ipykernel" in sys.modules:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, desc=f"starting {world_size} processes", unit="step", leave=True)
+        else:
+            print(f"starting {world_size} processes for {total} steps", file=sys.stderr, flush=True)
+
+    def update(self, n: int) -> None:
+        """n more steps done."""
+        if n and not self.done and self.bar is not None:
+            self.bar.set_description("train")  # the first step: start-up is over
+        self.done += n
+        if self.bar is not None:
+            self.bar.update(n)
+        reached = min(4, self.done * 4 // self.total)  # quarters done
+        if self.bar is None and reached >= self.quarter:
+            print(f"train: {25 * reached}% ({self.done}/{self.total} steps)", file=sys.stderr, flush=True)
+            self.quarter = reached + 1
+
+    def write(self, text: str) -> None:
+        """A line above the bar (or just a line)."""
+        if self.bar is not None:
+            self.bar.write(text, file=sys.stdout)
+        else:
+            print(text, flush=True)
+
+    def close(self) -> None:
+        """Leave the bar where it got to."""
+        if self.bar is not None:
+            self.bar.close()
+
+
 class Console:
-    """Writes every line to <run>/console.log, echoes worker lines, and drives a progress bar that follows rank 0's metrics."""
+    """Writes every line to <run>/console.log, echoes worker lines, and reports progress by following rank 0's metrics."""
 
     def __init__(self, plan: LaunchPlan, echo: bool):
         self.echo, self.tail = echo, deque(maxlen=TAIL_LINES)
         self.path = plan.run_dir / "console.log"
         self.file = self.path.open("w", encoding="utf-8")
         self.metrics = MetricsTail(metrics_dir(plan.run_dir) / "rank0.jsonl")
-        self.bar = None
-        if plan.progress:
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(total=plan.progress, desc="train", unit="step", leave=True)
+        self.bar = Progress(plan.progress, plan.world_size) if plan.progress else None
 
     def line(self, text: str) -> None:
         """Log every line; show worker lines (torchrun's own chatter stays in the log)."""
@@ -45,7 +79,7 @@ class Console:
         if self.echo and text.startswith("[rank "):
             text = text.rstrip("\n")
             if self.bar is not None:
-                self.bar.write(text, file=sys.stdout)
+                self.bar.write(text)
             else:
                 print(text, flush=True)
 

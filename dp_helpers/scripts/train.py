@@ -9,6 +9,7 @@ or alone, as a group of one process that a debugger can step through:
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -26,7 +27,7 @@ from dp_helpers.collectives import (
 )
 from dp_helpers.config import TrainConfig, config_from_args, validate, worker_parser
 from dp_helpers.data import make_loader, make_synthetic, shard_plan
-from dp_helpers.metrics import MetricsWriter
+from dp_helpers.metrics import MetricsWriter, metrics_dir
 from dp_helpers.models import build_model
 from dp_helpers.runs import write_atomic, write_text_atomic
 from dp_helpers.training import accumulate_step, make_optimizer, seed_everything
@@ -105,6 +106,18 @@ def load_checkpoint(path: str, model, optimizer, info: dph.DistInfo) -> tuple[in
     return state["epoch"], state["step"]
 
 
+def divergence(run_dir: Path, epoch_loss: float) -> str | None:
+    """A warning when the epoch's loss is not finite or 10x above this run's first step (rank 0's metrics), else None."""
+    with open(metrics_dir(run_dir) / "rank0.jsonl", encoding="utf-8") as f:
+        first = float(json.loads(f.readline())["loss"])
+    if not math.isfinite(epoch_loss):
+        return f"warning: the loss is {epoch_loss}: training diverged; lower --lr (the first step's loss was {first:.4g})."
+    if epoch_loss > 10 * first:
+        return (f"warning: the loss grew from {first:.4g} (first step) to {epoch_loss:.4g}: training is diverging; "
+                "lower --lr.")
+    return None
+
+
 def save_outputs(out: Path, model, summary: dict) -> None:
     """Rank 0 only: the unwrapped state_dict and the summary, each written whole then renamed into place."""
     weights = {k: v.cpu() for k, v in dph.unwrap(model).state_dict().items()}
@@ -129,6 +142,8 @@ def train(cfg: TrainConfig, info: dph.DistInfo) -> dict:
             step, loss_sum, count = run_epoch(epoch, step, model, loader, optimizer, writer, cfg, info)
             losses.append(dph.epoch_mean_loss(loss_sum, count, info))
             dph.print0(info, f"epoch {epoch + 1}/{cfg.epochs}  loss={losses[-1]:.6f}  steps={step}")
+            if info.is_main and (warning := divergence(info.run_dir, losses[-1])):
+                print(warning, flush=True)
             if cfg.checkpoint:
                 save_checkpoint(cfg.checkpoint, model, optimizer, epoch + 1, step, cfg.batch_size, info)
     summary = make_summary(cfg, info, step, losses, comm, time.perf_counter() - start)
