@@ -71,10 +71,14 @@ def test_resume_is_checked_before_anything_starts(capsys, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_timeout_says_how_to_raise_it_and_keeps_the_folder(tmp_path):
+def test_a_timeout_says_how_to_raise_it_and_keeps_the_folder(tmp_path, monkeypatch):
+    marker = "cli-timeout-" + tmp_path.name
+    monkeypatch.setenv("DP_TEST_ID", marker)
     proc = subprocess.run([sys.executable, "-m", "dp_helpers", "train", "--timeout", "1", "--out", str(tmp_path / "r")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "raise --timeout" in proc.stderr and "Traceback" not in proc.stderr
+    time.sleep(5)
+    assert started_by(marker) == []  # 5 s after the CLI returned
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert summary["status"] == "stopped" and summary["reason"] == "--timeout 1 s"
 
