@@ -1,0 +1,172 @@
+"""DistributedDataParallel built from scratch, one step at a time, each checked against torch's (a later notebook teaches it).
+
+1. `broadcast_state`: every rank starts from rank 0's parameters and buffers.
+2. `HookAllReduce`: a hook per parameter all-reduces its gradient the moment `.grad` is final.
+3. `AsyncAllReduce`: the same all-reduce started asynchronously, waited for once the backward is done.
+4. `assign_buckets` + `MiniDDP`: gradients grouped into flat buckets of about `bucket_cap_mb`, one all-reduce
+   per bucket, in the reverse of registration order (the order the backward produces them), as DDP does.
+All run inside a process group (a script under torchrun, or a test's rank pool); none handles unused parameters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def broadcast_state(model: nn.Module, src: int = 0) -> None:
+    """Overwrite every rank's parameters and buffers with rank `src`'s (what DDP's constructor does)."""
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            dist.broadcast(tensor, src)
+
+
+def engine_callback(fn) -> None:
+    """Run fn once the current backward has finished (torch's autograd engine queue; DDP's reducer uses the same)."""
+    torch.autograd.Variable._execution_engine.queue_callback(fn)
+
+
+class HookAllReduce(nn.Module):
+    """Step 2: a post-accumulate-grad hook per parameter averages its gradient across ranks, synchronously."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.module, self.sync, self.allreduces = module, True, 0
+        broadcast_state(module)
+        for p in module.parameters():
+            if p.requires_grad:
+                # fires once .grad holds this backward's total; it receives the parameter, and must return None
+                p.register_post_accumulate_grad_hook(self.reduce)
+
+    def reduce(self, param: nn.Parameter) -> None:
+        """Average param.grad over all ranks (skipped inside no_sync)."""
+        if self.sync:
+            param.grad.div_(dist.get_world_size())
+            dist.all_reduce(param.grad)
+            self.allreduces += 1
+
+    def forward(self, *args, **kwargs):
+        """The wrapped module's forward."""
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Gradients accumulate locally inside; the next backward outside all-reduces the whole sum."""
+        self.sync = False
+        try:
+            yield
+        finally:
+            self.sync = True
+
+
+class AsyncAllReduce(HookAllReduce):
+    """Step 3: each hook starts its all-reduce and returns at once; the backward's end waits for all of them."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__(module)
+        self.pending, self.events, self.t0 = [], [], time.perf_counter()
+
+    def reduce(self, param: nn.Parameter) -> None:
+        """Launch the all-reduce of param.grad / world_size; the first launch of a backward queues the wait."""
+        if not self.sync:
+            return
+        if not self.pending:
+            engine_callback(self.wait)
+        self.note("gradient ready", param.numel())
+        param.grad.div_(dist.get_world_size())
+        self.note("all-reduce start", param.numel())
+        self.pending.append((param, dist.all_reduce(param.grad, async_op=True)))
+        self.allreduces += 1
+
+    def wait(self) -> None:
+        """Block until every all-reduce of this backward is done (before optimizer.step can run)."""
+        for param, work in self.pending:
+            work.wait()
+            self.note("all-reduce done", param.numel())
+        self.pending = []
+
+    def note(self, kind: str, numel: int) -> None:
+        """Record (kind, seconds since construction, elements concerned) for the timeline."""
+        self.events.append({"kind": kind, "time": time.perf_counter() - self.t0, "numel": numel})
+
+
+def assign_buckets(sizes: list[int], cap: int) -> list[list[int]]:
+    """Group tensors (byte sizes, in order) greedily: a bucket closes once it holds >= cap bytes, the crossing tensor included."""
+    buckets, current, filled = [], [], 0
+    for i, size in enumerate(sizes):
+        current.append(i)
+        filled += size
+        if filled >= cap:
+            buckets.append(current)
+            current, filled = [], 0
+    return buckets + ([current] if current else [])
+
+
+class Bucket:
+    """Parameters whose gradients travel together: one flat buffer, one all-reduce once all of them are ready."""
+
+    def __init__(self, params: list[nn.Parameter]):
+        self.params, self.ready, self.work = params, set(), None
+        self.buffer = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
+
+    def slices(self):
+        """(parameter, its view of the buffer) pairs."""
+        offset = 0
+        for p in self.params:
+            yield p, self.buffer[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
+
+    def add(self, param: nn.Parameter) -> bool:
+        """Mark param ready; True when the whole bucket is."""
+        self.ready.add(param)
+        return len(self.ready) == len(self.params)
+
+    def launch(self, world_size: int) -> None:
+        """Copy the gradients in (divided by world_size) and start the all-reduce."""
+        for p, view in self.slices():
+            view.copy_(p.grad).div_(world_size)
+        self.work = dist.all_reduce(self.buffer, async_op=True)
+
+    def finish(self) -> None:
+        """Wait for the all-reduce and copy the averaged gradients back into .grad."""
+        if self.work is None:  # DDP's find_unused_parameters=True exists for this case
+            raise RuntimeError(f"a bucket of {len(self.params)} parameter(s) never filled: {len(self.params) - len(self.ready)} "
+                               "got no gradient in this backward (unused parameters are not supported).")
+        self.work.wait()
+        for p, view in self.slices():
+            p.grad.copy_(view)
+        self.ready, self.work = set(), None
+
+
+class MiniDDP(AsyncAllReduce):
+    """Step 4: the hooks fill buckets (reverse registration order, ~bucket_cap_mb each); a full bucket is all-reduced at once."""
+
+    def __init__(self, module: nn.Module, bucket_cap_mb: float = 25.0):
+        super().__init__(module)
+        params = [p for p in module.parameters() if p.requires_grad]
+        groups = assign_buckets([p.numel() * p.element_size() for p in params], int(bucket_cap_mb * 2**20))
+        self.buckets = [Bucket([params[i] for i in group]) for group in reversed(groups)]
+        self.bucket_of = {p: b for b in self.buckets for p in b.params}
+
+    def reduce(self, param: nn.Parameter) -> None:
+        """Param's gradient is final: mark it ready, and all-reduce its bucket if that completes it."""
+        if not self.sync:
+            return
+        if not any(b.work is not None or b.ready for b in self.buckets):
+            engine_callback(self.wait)  # the first ready gradient of this backward
+        self.note("gradient ready", param.numel())
+        bucket = self.bucket_of[param]
+        if bucket.add(param):
+            self.note("all-reduce start", bucket.buffer.numel())
+            bucket.launch(dist.get_world_size())
+            self.allreduces += 1
+
+    def wait(self) -> None:
+        """Finish every bucket's all-reduce, in launch order."""
+        for bucket in self.buckets:
+            bucket.finish()
+            self.note("all-reduce done", bucket.buffer.numel())

@@ -1,0 +1,132 @@
+"""dp_helpers.mini_ddp: each step of DDP built by hand equals torch's DDP and one process (ranks in rank pools)."""
+
+import random
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from dp_helpers import mini_ddp
+from dp_helpers.training import bce_loss
+
+WRAPPERS = {"hooks": mini_ddp.HookAllReduce, "async": mini_ddp.AsyncAllReduce,
+            "buckets": lambda m: mini_ddp.MiniDDP(m, bucket_cap_mb=0.004), "ddp": DDP}
+
+
+def mlp(seed: int) -> nn.Module:
+    """Several layers and a bias-free one."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 32, bias=False), nn.ReLU(), nn.Linear(32, 1),
+                         nn.Sigmoid())
+
+
+def batches(steps: int = 3, per_rank: int = 8, world: int = 1):
+    """The global batches of a run: (x, y) with world * per_rank rows each."""
+    gen = torch.Generator().manual_seed(7)
+    return [(torch.randn(world * per_rank, 10, generator=gen), torch.rand(world * per_rank, generator=gen))
+            for _ in range(steps)]
+
+
+def train(model, data, rank: int, world: int, per_rank: int = 8) -> dict:
+    """SGD on this rank's slice of each global batch; the final weights."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    for x, y in data:
+        rows = slice(rank * per_rank, (rank + 1) * per_rank)
+        opt.zero_grad()
+        bce_loss(model(x[rows]), y[rows]).backward()
+        opt.step()
+    inner = getattr(model, "module", model)
+    return {k: v.detach().clone() for k, v in inner.state_dict().items()}
+
+
+def run_all(info) -> dict:
+    """Every wrapper trains from a different start on every rank (the broadcast must fix it) and counts its all-reduces."""
+    w, data = info.world_size, batches(world=info.world_size)
+    out = {}
+    for name, wrap in WRAPPERS.items():
+        model = wrap(mlp(seed=info.rank))  # deliberately different initial weights per rank
+        out[name] = train(model, data, info.rank, w)
+        out[f"{name}_allreduces"] = getattr(model, "allreduces", None)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 3])
+def test_every_step_equals_ddp_and_one_process(pools, world):
+    ranks = pools.get(world).run(run_all)
+    one = train(mlp(seed=0), batches(world=world), 0, 1, per_rank=8 * world)  # rank 0's start, the global batch
+    for rank in ranks:
+        for name in WRAPPERS:
+            torch.testing.assert_close(rank[name], one)
+    assert ranks[0]["hooks_allreduces"] == 5 * 3  # one per parameter per step (2 biases, 3 weights)
+    assert ranks[0]["buckets_allreduces"] < ranks[0]["hooks_allreduces"]
+
+
+def accumulate(info) -> dict:
+    """Two micro-batches per step, the first under no_sync: equal to one batch of both."""
+    model, data = mini_ddp.MiniDDP(mlp(seed=0), bucket_cap_mb=0.004), batches(world=2 * info.world_size, per_rank=4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    for x, y in data:
+        opt.zero_grad()
+        for j in range(2):
+            rows = slice((2 * info.rank + j) * 4, (2 * info.rank + j + 1) * 4)
+            with model.no_sync() if j == 0 else torch.enable_grad():
+                (bce_loss(model(x[rows]), y[rows]) / 2).backward()
+        opt.step()
+    return {"weights": model.module.state_dict(), "allreduces": model.allreduces, "buckets": len(model.buckets)}
+
+
+@pytest.mark.slow
+def test_no_sync_skips_the_first_micro_batch(pools):
+    ranks = pools.get(2).run(accumulate)
+    one = train(mlp(seed=0), batches(world=4, per_rank=4), 0, 1, per_rank=16)
+    torch.testing.assert_close(ranks[0]["weights"], one)
+    assert ranks[0]["allreduces"] == 3 * ranks[0]["buckets"]  # only the synced backward of each step
+
+
+def timeline(info) -> list[dict]:
+    """One backward of the bucketed wrapper with its events."""
+    model = mini_ddp.MiniDDP(mlp(seed=0), bucket_cap_mb=0.004)
+    x, y = batches(1)[0]
+    bce_loss(model(x), y).backward()
+    return model.events
+
+
+@pytest.mark.slow
+def test_communication_starts_while_the_backward_runs(pools):
+    events = pools.get(2).run(timeline)[0]
+    first_start = min(e["time"] for e in events if e["kind"] == "all-reduce start")
+    last_ready = max(e["time"] for e in events if e["kind"] == "gradient ready")
+    assert first_start < last_ready
+    assert [e["kind"] for e in events].count("gradient ready") == 5
+
+
+def broadcast_only(info) -> list[float]:
+    """Each rank's first weight before and after broadcast_state."""
+    model = mlp(seed=info.rank)
+    before = model[0].weight[0, 0].item()
+    mini_ddp.broadcast_state(model)
+    return [before, model[0].weight[0, 0].item()]
+
+
+@pytest.mark.slow
+def test_without_the_broadcast_ranks_start_apart(pools):
+    (b0, a0), (b1, a1) = pools.get(2).run(broadcast_only)
+    assert b0 != b1 and a0 == a1 == b0
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_bucket_assignment_matches_torchs(seed):
+    rng = random.Random(seed)
+    sizes = [rng.choice([4, 40, 400, 4000, 40000]) * rng.randint(1, 9) for _ in range(rng.randint(1, 30))]
+    cap = rng.choice([100, 4096, 50000, 2**20])
+    tensors = [torch.zeros(s // 4) for s in sizes]
+    expected, _ = dist._compute_bucket_assignment_by_size(tensors, [cap])
+    assert mini_ddp.assign_buckets(sizes, cap) == [list(b) for b in expected]
+
+
+def test_a_big_cap_makes_one_bucket_and_a_tiny_one_a_bucket_each():
+    assert mini_ddp.assign_buckets([8, 8, 8], 1000) == [[0, 1, 2]]
+    assert mini_ddp.assign_buckets([8, 8, 8], 1) == [[0], [1], [2]]
