@@ -130,3 +130,22 @@ def test_bucket_assignment_matches_torchs(seed):
 def test_a_big_cap_makes_one_bucket_and_a_tiny_one_a_bucket_each():
     assert mini_ddp.assign_buckets([8, 8, 8], 1000) == [[0, 1, 2]]
     assert mini_ddp.assign_buckets([8, 8, 8], 1) == [[0], [1], [2]]
+
+
+def scratch_experiments(info, argv: list[str]) -> dict:
+    """scripts/from_scratch.py's experiments on this rank, by name."""
+    from dp_helpers.scripts import from_scratch
+
+    args = from_scratch.parse_args(argv)
+    return {name: from_scratch.EXPERIMENTS[name](info, args) for name in args.experiment}
+
+
+@pytest.mark.slow
+def test_the_from_scratch_script(pools):
+    zero, one = pools.get(2).run(scratch_experiments, ["--experiment", "drift", "counts", "timeline", "--rounds", "1"])
+    assert zero["drift"]["without broadcast"] != one["drift"]["without broadcast"]  # averaged gradients, apart weights
+    assert zero["drift"]["with broadcast"] == one["drift"]["with broadcast"]
+    assert zero["counts"]["hooks"] == 7.0  # one per parameter: 4 weights, 3 biases
+    assert zero["counts"]["buckets of 25.0 MiB"] == 1.0 and zero["counts"]["buckets of 0.001 MiB"] > 1.0
+    kinds = [e["kind"] for e in zero["timeline"]]
+    assert kinds.index("all-reduce start") < len(kinds) - 1 - kinds[::-1].index("gradient ready")  # overlap
