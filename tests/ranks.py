@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import tempfile
 import traceback
 from datetime import timedelta
@@ -29,13 +30,16 @@ def serve(rank: int, world_size: int, store_path: str, timeout_s: float, conn) -
 
     dist.init_process_group("gloo", store=dist.FileStore(store_path, world_size), rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=timeout_s))
-    while (job := conn.recv()) is not None:
+    while (job := pickle.loads(conn.recv_bytes())) is not None:
         fn, args, run_dir = job
         info = DistInfo(rank, rank, world_size, torch.device("cpu"), "gloo", rank == 0, Path(run_dir))
         try:
-            conn.send(("ok", fn(info, *args)))
+            reply = ("ok", fn(info, *args))
         except Exception as exc:  # noqa: BLE001 - every failure goes back to the test
-            conn.send(("error", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+            reply = ("error", f"{type(exc).__name__}: {exc}", traceback.format_exc())
+        # plain pickle: tensors travel as bytes (a Pipe's own pickler would share them through file descriptors
+        # and a socket in TMPDIR, which fails when that path is long)
+        conn.send_bytes(pickle.dumps(reply))
     conn.close()
     os._exit(0)  # at once: gloo's threads can stall the interpreter's shutdown (see dp_helpers.dist.worker)
 
@@ -75,7 +79,7 @@ class RankPool:
         run_dir.mkdir(parents=True, exist_ok=True)
         try:
             for conn in self.conns:
-                conn.send((fn, args, str(run_dir)))
+                conn.send_bytes(pickle.dumps((fn, args, str(run_dir))))
         except OSError as exc:  # a rank process died
             self.broken = True
             raise RankError(f"a rank of the pool is gone ({exc}); the next test gets a new pool") from exc
@@ -90,7 +94,7 @@ class RankPool:
         """One rank's answer, or an error once the group's timeout (plus a margin) has passed."""
         try:
             if conn.poll(self.timeout_s + 30):
-                return conn.recv()
+                return pickle.loads(conn.recv_bytes())
         except (EOFError, OSError) as exc:  # the rank process died (a crash, os._exit)
             return ("error", f"rank process died ({type(exc).__name__})", "")
         return ("error", f"no answer in {self.timeout_s + 30:g}s", "")
@@ -99,7 +103,7 @@ class RankPool:
         """Ask every rank to stop, then make sure it did."""
         for conn in self.conns:
             try:
-                conn.send(None)
+                conn.send_bytes(pickle.dumps(None))
             except OSError:
                 pass
         for proc in self.procs:
