@@ -31,10 +31,6 @@ class ProcessTree:
         except psutil.NoSuchProcess:
             pass
 
-    def pids(self) -> list[int]:
-        """The root's and every remembered descendant's pid."""
-        return [self.proc.pid, *self.seen]
-
     def kill(self) -> int:
         """SIGTERM the root and every descendant, SIGKILL what is left after a grace period; returns how many were stopped."""
         self.remember()
