@@ -68,19 +68,29 @@ class AsyncAllReduce(HookAllReduce):
 
     def __init__(self, module: nn.Module):
         super().__init__(module)
-        self.pending, self.events, self.t0 = [], [], time.perf_counter()
+        self.pending, self.waiting, self.events, self.t0 = [], False, [], time.perf_counter()
 
     def reduce(self, param: nn.Parameter) -> None:
-        """Launch the all-reduce of param.grad / world_size; the first launch of a backward queues the wait."""
+        """Param's gradient is final: note it, and queue the wait once per backward before launching."""
         if not self.sync:
             return
-        if not self.pending:
-            engine_callback(self.wait)
+        if not self.waiting:  # the first ready gradient of this backward
+            engine_callback(self.finish_backward)
+            self.waiting = True
         self.note("gradient ready", param.numel())
+        self.launch(param)
+
+    def launch(self, param: nn.Parameter) -> None:
+        """Start the all-reduce of param.grad / world_size without waiting for it."""
         param.grad.div_(dist.get_world_size())
         self.note("all-reduce start", param.numel())
         self.pending.append((param, dist.all_reduce(param.grad, async_op=True)))
         self.allreduces += 1
+
+    def finish_backward(self) -> None:
+        """The engine callback: wait for this backward's all-reduces; the next backward queues it again."""
+        self.wait()
+        self.waiting = False
 
     def wait(self) -> None:
         """Block until every all-reduce of this backward is done (before optimizer.step can run)."""
@@ -152,13 +162,8 @@ class MiniDDP(AsyncAllReduce):
         self.buckets = [Bucket([params[i] for i in group]) for group in reversed(groups)]
         self.bucket_of = {p: b for b in self.buckets for p in b.params}
 
-    def reduce(self, param: nn.Parameter) -> None:
-        """Param's gradient is final: mark it ready, and all-reduce its bucket if that completes it."""
-        if not self.sync:
-            return
-        if not any(b.work is not None or b.ready for b in self.buckets):
-            engine_callback(self.wait)  # the first ready gradient of this backward
-        self.note("gradient ready", param.numel())
+    def launch(self, param: nn.Parameter) -> None:
+        """Mark param ready; all-reduce its bucket if that completes it."""
         bucket = self.bucket_of[param]
         if bucket.add(param):
             self.note("all-reduce start", bucket.buffer.numel())
