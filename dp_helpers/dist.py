@@ -136,6 +136,8 @@ def worker(main: Callable[[DistInfo], object], **setup_args) -> None:
         code = 0
     except SystemExit as exc:  # argparse: 0 after --help, 2 after a bad flag (its message is printed)
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if not isinstance(exc.code, int) and exc.code is not None:
+            print(exc.code, file=sys.stderr)  # sys.exit("message") prints its message, as Python would
     except BaseException:  # @record has written the error file; the traceback goes to stderr as usual
         traceback.print_exc()
         code = 1
