@@ -30,10 +30,10 @@ ANSWERS = {
     "03 naive and ring MB for 100 MB on 8": lambda: {"ring": ring_bytes(25_000_000, 4, 8, 0) / 1e6,
                                                      "naive": naive_ring_bytes(25_000_000, 4, 8) / 1e6},
     "02 mean of shard means is the batch loss": lambda: _mean_of_means_is_batch_loss(),
-    "04 evaluated and repeated for 10 on 4": lambda: {"evaluated": sum(map(len, sampler_indices(10, 4, shuffle=False))),
+    "05 evaluated and repeated for 10 on 4": lambda: {"evaluated": sum(map(len, sampler_indices(10, 4, shuffle=False))),
                                                    "twice": _repeat(sampler_indices(10, 4, shuffle=False))["samples"]},
-    "05 efficiency when t_comm grows": lambda: "lower",
-    "05 DataParallel emulation limit at f = 1/3": lambda: 1.5,
+    "06 efficiency when t_comm grows": lambda: "lower",
+    "06 DataParallel emulation limit at f = 1/3": lambda: 1.5,
 }
 
 
@@ -171,7 +171,7 @@ def _accumulation_problem(fn, k: int) -> str | None:
 
 
 def check_accumulate(fn) -> Verdict:
-    """Notebook 04: fn(model, micro_batches, optimizer, no_sync) takes one step equal to one step on the whole batch."""
+    """Notebook 05: fn(model, micro_batches, optimizer, no_sync) takes one step equal to one step on the whole batch."""
     for k in (1, 2, 3, 5):
         try:
             problem = _accumulation_problem(fn, k)
@@ -183,12 +183,12 @@ def check_accumulate(fn) -> Verdict:
 
 
 def naive_ring_time(bytes_: float, world_size: int, latency: float, bandwidth: float) -> float:
-    """The reference answer of notebook 05's exercise: W-1 hops, each a latency plus the whole tensor."""
+    """The reference answer of notebook 06's exercise: W-1 hops, each a latency plus the whole tensor."""
     return (world_size - 1) * (latency + bytes_ / bandwidth)
 
 
 def check_naive_ring_time(fn) -> Verdict:
-    """Notebook 05: fn(bytes, world_size, latency, bandwidth) -> the naive ring's alpha-beta time in seconds."""
+    """Notebook 06: fn(bytes, world_size, latency, bandwidth) -> the naive ring's alpha-beta time in seconds."""
     cases = list(itertools.product((0, 4, 4e6, 1e9), (2, 3, 8), (0.0, 2e-5), (1e9, 25e9)))
     return compare_function(fn, naive_ring_time, cases,
                             lambda a: f"bytes={a[0]:g}, world_size={a[1]}, latency={a[2]}, bandwidth={a[3]:g}",

@@ -1,4 +1,4 @@
-"""Mistakes shown failing on purpose, safely, so a notebook can display and check the error (taught in notebooks 03 and 04)."""
+"""Mistakes shown failing on purpose, safely, so a notebook can display and check the error (taught in notebooks 03 and 05)."""
 
 from __future__ import annotations
 

@@ -14,9 +14,9 @@ RIGHT = {
     "02 bytes replicated for 1e6 on 4": 12_000_000,
     "02 mean of shard means is the batch loss": False,
     "03 naive and ring MB for 100 MB on 8": {"ring": 175.0, "naive": 700.0},
-    "04 evaluated and repeated for 10 on 4": {"evaluated": 12, "twice": [0, 1]},
-    "05 efficiency when t_comm grows": "lower",
-    "05 DataParallel emulation limit at f = 1/3": 1.5,
+    "05 evaluated and repeated for 10 on 4": {"evaluated": 12, "twice": [0, 1]},
+    "06 efficiency when t_comm grows": "lower",
+    "06 DataParallel emulation limit at f = 1/3": 1.5,
 }
 
 

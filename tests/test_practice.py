@@ -71,7 +71,7 @@ def fixed(pools):
 
 
 def test_join_lets_uneven_ranks_finish(fixed):
-    # without Join the same case hangs until the group's timeout: notebook 04 runs it under torchrun
+    # without Join the same case hangs until the group's timeout: notebook 05 runs it under torchrun
     zero, one = fixed["uneven-join"]
     assert (zero["batches"], one["batches"]) == (5, 3)  # with Join every rank finishes
     assert zero["weights"] == one["weights"]  # with one model
@@ -79,7 +79,7 @@ def test_join_lets_uneven_ranks_finish(fixed):
 
 
 def test_the_collective_outside_rank_0_runs(fixed):
-    # inside `if rank == 0:` it hangs until the group's timeout: notebook 04 runs that under torchrun
+    # inside `if rank == 0:` it hangs until the group's timeout: notebook 05 runs that under torchrun
     assert [r["metric"] for r in fixed["rank0-fixed"]] == [1.0, 1.0]  # 0 + 1, on every rank
 
 

@@ -1,4 +1,4 @@
-"""DDP's buckets, overlap and communication hooks, measured on a wide MLP (taught in notebook 04).
+"""DDP's buckets, overlap and communication hooks, measured on a wide MLP (taught in notebook 05).
 
 --experiment timeline: when each layer's gradient is ready and when each bucket's all-reduce runs.
 --experiment buckets: the bytes of every bucket at steps 0, 1, 2 (DDP rebuilds its buckets once).

@@ -1,4 +1,4 @@
-"""Distributed evaluation two ways: over DistributedSampler's padded shards, and over exact shards (notebook 04)."""
+"""Distributed evaluation two ways: over DistributedSampler's padded shards, and over exact shards (notebook 05)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The classic DDP mistakes, each run for real next to its fix; a short process-group timeout turns hangs into errors (notebook 04).
+"""The classic DDP mistakes, each run for real next to its fix; a short process-group timeout turns hangs into errors (notebook 05).
 
 Cases: uneven / uneven-join (ranks with different numbers of batches), rank0-collective /
 rank0-fixed (a collective inside `if rank == 0:`), unused-params / unused-params-fixed, and
