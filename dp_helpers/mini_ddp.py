@@ -5,7 +5,9 @@
 3. `AsyncAllReduce`: the same all-reduce started asynchronously, waited for once the backward is done.
 4. `assign_buckets` + `MiniDDP`: gradients grouped into flat buckets of about `bucket_cap_mb`, one all-reduce
    per bucket, in the reverse of registration order (the order the backward produces them), as DDP does.
-All run inside a process group (a script under torchrun, or a test's rank pool); none handles unused parameters.
+5. `MiniDDP(find_unused_parameters=True)`: `unreached` walks the forward's graph, and the parameters it misses
+   are marked ready with zero gradients, so every bucket is still all-reduced.
+All run inside a process group (a script under torchrun, or a test's rank pool).
 """
 
 from __future__ import annotations
@@ -68,7 +70,8 @@ class AsyncAllReduce(HookAllReduce):
 
     def __init__(self, module: nn.Module):
         super().__init__(module)
-        self.pending, self.waiting, self.events, self.t0 = [], False, [], time.perf_counter()
+        self.pending, self.waiting, self.events, self.timers, self.t0 = [], False, [], [], time.perf_counter()
+        self.names = {p: name for name, p in module.named_parameters()}
 
     def reduce(self, param: nn.Parameter) -> None:
         """Param's gradient is final: note it, and queue the wait once per backward before launching."""
@@ -77,31 +80,39 @@ class AsyncAllReduce(HookAllReduce):
         if not self.waiting:  # the first ready gradient of this backward
             engine_callback(self.finish_backward)
             self.waiting = True
-        self.note("gradient ready", param.numel())
+        self.events.append({"kind": "gradient ready", "name": self.names[param], "start": self.clock()})
         self.launch(param)
 
     def launch(self, param: nn.Parameter) -> None:
         """Start the all-reduce of param.grad / world_size without waiting for it."""
         param.grad.div_(dist.get_world_size())
-        self.note("all-reduce start", param.numel())
-        self.pending.append((param, dist.all_reduce(param.grad, async_op=True)))
+        work = dist.all_reduce(param.grad, async_op=True)
+        self.timed(work, self.names[param], param.grad)
+        self.pending.append(work)
         self.allreduces += 1
 
     def finish_backward(self) -> None:
         """The engine callback: wait for this backward's all-reduces; the next backward queues it again."""
         self.wait()
-        self.waiting = False
+        for timer in self.timers:  # the events' end times are written on the backend's thread
+            timer.wait()
+        self.waiting, self.timers = False, []
 
     def wait(self) -> None:
         """Block until every all-reduce of this backward is done (before optimizer.step can run)."""
-        for param, work in self.pending:
+        for work in self.pending:
             work.wait()
-            self.note("all-reduce done", param.numel())
         self.pending = []
 
-    def note(self, kind: str, numel: int) -> None:
-        """Record (kind, seconds since construction, elements concerned) for the timeline."""
-        self.events.append({"kind": kind, "time": time.perf_counter() - self.t0, "numel": numel})
+    def clock(self) -> float:
+        """Seconds since t0 (set t0 = time.perf_counter() to time one backward from its start)."""
+        return time.perf_counter() - self.t0
+
+    def timed(self, work, name: str, tensor: torch.Tensor) -> None:
+        """Record an all-reduce event: started now, ended when the backend completes the work."""
+        event = {"kind": "all-reduce", "name": name, "start": self.clock(), "bytes": tensor.numel() * tensor.element_size()}
+        self.events.append(event)
+        self.timers.append(work.get_future().then(lambda fut: event.update(end=self.clock())))  # on the backend's thread
 
 
 def assign_buckets(sizes: list[int], cap: int) -> list[list[int]]:
@@ -130,9 +141,8 @@ class Bucket:
             yield p, self.buffer[offset:offset + p.numel()].view_as(p)
             offset += p.numel()
 
-    def add(self, param: nn.Parameter) -> bool:
-        """Mark param ready; True when the whole bucket is."""
-        self.ready.add(param)
+    def full(self) -> bool:
+        """Whether every gradient of the bucket is ready."""
         return len(self.ready) == len(self.params)
 
     def launch(self, world_size: int) -> None:
@@ -144,8 +154,9 @@ class Bucket:
     def finish(self) -> None:
         """Wait for the all-reduce and copy the averaged gradients back into .grad."""
         if self.work is None:  # DDP's find_unused_parameters=True exists for this case
-            raise RuntimeError(f"a bucket of {len(self.params)} parameter(s) never filled: {len(self.params) - len(self.ready)} "
-                               "got no gradient in this backward (unused parameters are not supported).")
+            missing = len(self.params) - len(self.ready)
+            raise RuntimeError(f"a bucket of {len(self.params)} parameter(s) was never all-reduced: {missing} got no "
+                               "gradient in this backward (an unused parameter: see find_unused_parameters).")
         self.work.wait()
         for p, view in self.slices():
             p.grad.copy_(view)
@@ -153,25 +164,58 @@ class Bucket:
 
 
 class MiniDDP(AsyncAllReduce):
-    """Step 4: the hooks fill buckets (reverse registration order, ~bucket_cap_mb each); a full bucket is all-reduced at once."""
+    """Step 4: the hooks fill buckets (last layer first, ~bucket_cap_mb each); full buckets are all-reduced in order."""
 
-    def __init__(self, module: nn.Module, bucket_cap_mb: float = 25.0):
+    def __init__(self, module: nn.Module, bucket_cap_mb: float = 25.0, find_unused_parameters: bool = False):
         super().__init__(module)
-        params = [p for p in module.parameters() if p.requires_grad]
+        # the backward produces the last layer's gradients first: fill buckets from the end (DDP records that
+        # order during its first backward, then rebuilds its buckets along it)
+        params = [p for p in reversed(list(module.parameters())) if p.requires_grad]
         groups = assign_buckets([p.numel() * p.element_size() for p in params], int(bucket_cap_mb * 2**20))
-        self.buckets = [Bucket([params[i] for i in group]) for group in reversed(groups)]
+        self.buckets = [Bucket([params[i] for i in group]) for group in groups]
         self.bucket_of = {p: b for b in self.buckets for p in b.params}
+        self.next, self.find_unused, self.unused = 0, find_unused_parameters, []
 
     def launch(self, param: nn.Parameter) -> None:
-        """Mark param ready; all-reduce its bucket if that completes it."""
-        bucket = self.bucket_of[param]
-        if bucket.add(param):
-            self.note("all-reduce start", bucket.buffer.numel())
+        """Mark param ready; all-reduce every full bucket whose turn has come (all ranks must launch in one order)."""
+        self.bucket_of[param].ready.add(param)
+        while self.next < len(self.buckets) and self.buckets[self.next].full():
+            bucket = self.buckets[self.next]
             bucket.launch(dist.get_world_size())
-            self.allreduces += 1
+            self.timed(bucket.work, f"bucket {self.next}", bucket.buffer)
+            self.allreduces, self.next = self.allreduces + 1, self.next + 1
 
     def wait(self) -> None:
         """Finish every bucket's all-reduce, in launch order."""
         for bucket in self.buckets:
             bucket.finish()
-            self.note("all-reduce done", bucket.buffer.numel())
+        self.next = 0
+
+    def forward(self, *args, **kwargs):
+        """The module's forward; with find_unused_parameters, also find the parameters its graph does not reach."""
+        out = self.module(*args, **kwargs)
+        if self.find_unused and self.sync and torch.is_grad_enabled():
+            self.unused = unreached(out, list(self.bucket_of))
+        return out
+
+    def reduce(self, param: nn.Parameter) -> None:
+        """As before; on the backward's first hook, also mark the unused parameters ready, with zero gradients (as DDP)."""
+        first = self.sync and not self.waiting
+        super().reduce(param)
+        for p in self.unused if first else []:
+            p.grad = torch.zeros_like(p) if p.grad is None else p.grad
+            self.launch(p)
+
+
+def unreached(outputs, params: list[nn.Parameter]) -> list[nn.Parameter]:
+    """The parameters that the autograd graph behind outputs never reaches (DDP's find_unused_parameters traversal)."""
+    outs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
+    stack, seen, reached = [t.grad_fn for t in outs if t.grad_fn is not None], set(), set()
+    while stack:
+        fn = stack.pop()
+        if fn not in seen:
+            seen.add(fn)
+            if hasattr(fn, "variable"):  # an AccumulateGrad node: the gradient's way into a leaf's .grad
+                reached.add(id(fn.variable))
+            stack += [nxt for nxt, _ in fn.next_functions if nxt is not None]
+    return [p for p in params if id(p) not in reached]

@@ -12,7 +12,8 @@ from dp_helpers import mini_ddp
 from dp_helpers.training import bce_loss
 
 WRAPPERS = {"hooks": mini_ddp.HookAllReduce, "async": mini_ddp.AsyncAllReduce,
-            "buckets": lambda m: mini_ddp.MiniDDP(m, bucket_cap_mb=0.004), "ddp": DDP}
+            "buckets": lambda m: mini_ddp.MiniDDP(m, bucket_cap_mb=0.004),
+            "find_unused": lambda m: mini_ddp.MiniDDP(m, bucket_cap_mb=0.004, find_unused_parameters=True), "ddp": DDP}
 
 
 def mlp(seed: int) -> nn.Module:
@@ -97,10 +98,11 @@ def timeline(info) -> list[dict]:
 @pytest.mark.slow
 def test_communication_starts_while_the_backward_runs(pools):
     events = pools.get(2).run(timeline)[0]
-    first_start = min(e["time"] for e in events if e["kind"] == "all-reduce start")
-    last_ready = max(e["time"] for e in events if e["kind"] == "gradient ready")
+    first_start = min(e["start"] for e in events if e["kind"] == "all-reduce")
+    last_ready = max(e["start"] for e in events if e["kind"] == "gradient ready")
     assert first_start < last_ready
     assert [e["kind"] for e in events].count("gradient ready") == 5
+    assert all(e["end"] >= e["start"] for e in events if e["kind"] == "all-reduce")  # every end was recorded
 
 
 def broadcast_only(info) -> list[float]:
@@ -132,6 +134,21 @@ def test_a_big_cap_makes_one_bucket_and_a_tiny_one_a_bucket_each():
     assert mini_ddp.assign_buckets([8, 8, 8], 1) == [[0], [1], [2]]
 
 
+def test_a_bucket_that_never_filled_says_so():
+    bucket = mini_ddp.Bucket([nn.Parameter(torch.zeros(3)), nn.Parameter(torch.zeros(2))])
+    bucket.ready.add(bucket.params[0])
+    with pytest.raises(RuntimeError, match="1 got no gradient in this backward"):
+        bucket.finish()
+
+
+def test_unreached_finds_the_head_the_forward_skipped():
+    from dp_helpers.scripts.from_scratch import TwoHeads
+
+    model = TwoHeads()
+    assert mini_ddp.unreached(model(torch.randn(4, 10), use_b=False), list(model.parameters())) == [model.b.weight, model.b.bias]
+    assert mini_ddp.unreached(model(torch.randn(4, 10), use_b=True), list(model.parameters())) == []
+
+
 def scratch_experiments(info, argv: list[str]) -> dict:
     """scripts/from_scratch.py's experiments on this rank, by name."""
     from dp_helpers.scripts import from_scratch
@@ -140,12 +157,26 @@ def scratch_experiments(info, argv: list[str]) -> dict:
     return {name: from_scratch.EXPERIMENTS[name](info, args) for name in args.experiment}
 
 
+def close(a: dict, b: dict) -> None:
+    """Weights written as lists by the script, compared as tensors."""
+    torch.testing.assert_close({k: torch.tensor(v) for k, v in a.items()}, {k: torch.tensor(v) for k, v in b.items()})
+
+
 @pytest.mark.slow
 def test_the_from_scratch_script(pools):
-    zero, one = pools.get(2).run(scratch_experiments, ["--experiment", "drift", "counts", "timeline", "--rounds", "1"])
+    from dp_helpers.scripts.from_scratch import train_alone
+
+    argv = ["--experiment", "drift", "hooks", "accumulate", "unused", "proof", "sweep", "--caps", "0.1", "25",
+            "--rounds", "1", "--steps", "1"]
+    zero, one = pools.get(2).run(scratch_experiments, argv)
     assert zero["drift"]["without broadcast"] != one["drift"]["without broadcast"]  # averaged gradients, apart weights
     assert zero["drift"]["with broadcast"] == one["drift"]["with broadcast"]
-    assert zero["counts"]["hooks"] == 7.0  # one per parameter: 4 weights, 3 biases
-    assert zero["counts"]["buckets of 25.0 MiB"] == 1.0 and zero["counts"]["buckets of 0.001 MiB"] > 1.0
-    kinds = [e["kind"] for e in zero["timeline"]]
-    assert kinds.index("all-reduce start") < len(kinds) - 1 - kinds[::-1].index("gradient ready")  # overlap
+    close(zero["hooks"]["hooks"], zero["hooks"]["by hand"])
+    assert zero["hooks"]["allreduces_per_step"] == 7  # one per parameter: 4 weights, 3 biases
+    for weights in (zero["accumulate"]["weights"], zero["proof"]["MiniDDP"], zero["proof"]["DDP"], one["proof"]["MiniDDP"]):
+        close(weights, train_alone(world_size=2))
+    runs = list(zero["unused"].values()) + list(one["unused"].values())
+    for weights in runs[1:]:
+        close(weights, runs[0])  # MiniDDP and DDP agree when head b is used on rank 0 only
+    assert [r["mini_bucket_bytes"] == r["ddp_bucket_bytes"] for r in zero["sweep"]] == [True, True]
+    assert [r["allreduces_per_step"] for r in zero["sweep"]] == [8, 1]
