@@ -18,6 +18,7 @@ from torch import nn
 from .collectives import naive_ring_bytes, ring_bytes, ring_schedule
 from .data import chunk_sizes, sampler_indices
 from .dataparallel import replication_bytes
+from .mini_ddp import assign_buckets
 from .training import bce_loss, train_step
 
 # the value each numeric exercise expects: computed by the package where it holds the rule, a literal where the
@@ -30,6 +31,8 @@ ANSWERS = {
     "03 naive and ring MB for 100 MB on 8": lambda: {"ring": ring_bytes(25_000_000, 4, 8, 0) / 1e6,
                                                      "naive": naive_ring_bytes(25_000_000, 4, 8) / 1e6},
     "02 mean of shard means is the batch loss": lambda: _mean_of_means_is_batch_loss(),
+    "04 all-reduces per step for 4,1,1,4,0.5 MiB at 5": lambda: len(assign_buckets([x * 2**20 for x in (0.5, 4, 1, 1, 4)],
+                                                                                   5 * 2**20)),
     "05 evaluated and repeated for 10 on 4": lambda: {"evaluated": sum(map(len, sampler_indices(10, 4, shuffle=False))),
                                                    "twice": _repeat(sampler_indices(10, 4, shuffle=False))["samples"]},
     "06 efficiency when t_comm grows": lambda: "lower",
@@ -135,6 +138,21 @@ def check_ring_step(fn) -> Verdict:
              for s in ring_schedule(w) if s.phase == "reduce-scatter"}
     return compare_function(fn, lambda r, s, w: table[(r, s, w)], sorted(table, key=lambda k: (k[2], k[1], k[0])),
                             lambda a: f"rank={a[0]}, step={a[1]}, world_size={a[2]}")
+
+
+def torch_buckets(sizes: list[int], cap: int) -> list[list[int]]:
+    """DDP's own bucket assignment of float32 tensors of these byte sizes, in this order, under one cap."""
+    tensors = [torch.empty(size // 4) for size in sizes]
+    return [list(bucket) for bucket in torch.distributed._compute_bucket_assignment_by_size(tensors, [cap])[0]]
+
+
+def check_buckets(fn) -> Verdict:
+    """Notebook 04: fn(sizes, cap) -> the greedy bucket assignment (lists of indices) that DDP computes."""
+    gen = torch.Generator().manual_seed(4)
+    cases = [([4 * int(n) for n in torch.randint(1, 3000, (int(k),), generator=gen)], cap)
+             for k in (1, 2, 5, 9, 20) for cap in (4, 4000, 10_000, 2**20)]
+    return compare_function(fn, torch_buckets, cases + [([400, 400, 400], 800), ([400, 400, 400], 801)],
+                            lambda a: f"sizes={a[0][:6]}{'...' if len(a[0]) > 6 else ''}, cap={a[1]}")
 
 
 class RecordingNoSync:

@@ -231,12 +231,13 @@ def plot_backward_timeline(events: list[dict], ax=None):
     ax = _get_ax(ax)
     ready = [e for e in events if e["kind"] == "gradient ready"]
     buckets = sorted((e for e in events if e["kind"] == "all-reduce"), key=lambda e: e["start"])
-    for e in ready:
+    for i, e in enumerate(ready):
         ax.plot([1e3 * e["start"]] * 2, [-0.4, 0.4], color="C0")
-        ax.text(1e3 * e["start"], 0.45, e["name"].replace("layer ", "L"), ha="center", fontsize="x-small")
+        # staggered over three heights: gradients of one layer are ready within microseconds of each other
+        ax.text(1e3 * e["start"], 0.5 - 0.3 * (i % 3), e["name"].replace("layer ", "L"), ha="center", fontsize="x-small")
     for row, e in enumerate(buckets, start=1):
         ax.barh(row, 1e3 * (e["end"] - e["start"]), left=1e3 * e["start"], color="C1", height=0.6)
-        ax.text(1e3 * e["end"], row, f" {e['bytes'] / 2**20:.1f} MiB", va="center", fontsize="x-small")
+        ax.text(1e3 * e["end"], row, f" {_size(e['bytes'])}", va="center", fontsize="x-small")
     done = [e["start"] for e in events if e["kind"] == "backward done"]
     if done:
         ax.axvline(1e3 * done[0], color="gray", linestyle=":", label="backward returns")
@@ -248,8 +249,13 @@ def plot_backward_timeline(events: list[dict], ax=None):
     return ax
 
 
+def _size(n_bytes: int) -> str:
+    """1.0 MiB, or 22 KiB below a tenth of a MiB."""
+    return f"{n_bytes / 2**20:.1f} MiB" if n_bytes >= 2**20 / 10 else f"{n_bytes / 2**10:.0f} KiB"
+
+
 def plot_bucket_sweep(rows: list[dict], ax=None):
-    """All-reduces per step (bars) and the measured step time (line, right axis) for each bucket cap; returns the Axes."""
+    """All-reduces per step (bars) and step times (a line per name in a dict "step_seconds") per bucket cap; returns the Axes."""
     ax = _get_ax(ax)
     labels = ["default" if r["bucket_cap_mb"] is None else f"{r['bucket_cap_mb']:g}" for r in rows]
     ax.bar(range(len(rows)), [r["allreduces_per_step"] for r in rows], color="lightgray", label="all-reduces per step")
@@ -257,8 +263,9 @@ def plot_bucket_sweep(rows: list[dict], ax=None):
     ax.set_xlabel("bucket_cap_mb (MiB)")
     ax.set_ylabel("all-reduces per step")
     right = ax.twinx()
-    right.plot(range(len(rows)), [1e3 * r["step_seconds"] for r in rows], "o-", color="tab:blue",
-               label="step time (measured, not asserted)")
+    times = [r["step_seconds"] if isinstance(r["step_seconds"], dict) else {"step time": r["step_seconds"]} for r in rows]
+    for i, name in enumerate(times[0]):
+        right.plot(range(len(rows)), [1e3 * t[name] for t in times], "o-", color=f"C{i}", label=f"{name} (measured, not asserted)")
     right.set_ylabel("ms per step")
     right.set_ylim(bottom=0)
     right.legend(fontsize="small", loc="upper right")

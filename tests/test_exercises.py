@@ -14,6 +14,7 @@ RIGHT = {
     "02 bytes replicated for 1e6 on 4": 12_000_000,
     "02 mean of shard means is the batch loss": False,
     "03 naive and ring MB for 100 MB on 8": {"ring": 175.0, "naive": 700.0},
+    "04 all-reduces per step for 4,1,1,4,0.5 MiB at 5": 2,  # last layer first: [0.5, 4, 1] and [1, 4]
     "05 evaluated and repeated for 10 on 4": {"evaluated": 12, "twice": [0, 1]},
     "06 efficiency when t_comm grows": "lower",
     "06 DataParallel emulation limit at f = 1/3": 1.5,
@@ -84,6 +85,25 @@ def accumulate_no_division(model, micro_batches, optimizer, no_sync):
     optimizer.step()
 
 
+def buckets(sizes, cap):
+    out = [[]]
+    for i in range(len(sizes)):
+        if sum(sizes[j] for j in out[-1]) >= cap:
+            out.append([])
+        out[-1].append(i)
+    return out
+
+
+def buckets_below_cap(sizes, cap):
+    """A common wrong reading: a bucket never exceeds the cap (the crossing tensor starts the next one)."""
+    out = [[]]
+    for i, size in enumerate(sizes):
+        if out[-1] and sum(sizes[j] for j in out[-1]) + size > cap:
+            out.append([])
+        out[-1].append(i)
+    return out
+
+
 def not_written(*args):
     raise NotImplementedError
 
@@ -94,6 +114,7 @@ def not_written(*args):
     (ex.check_ring_step, ring_step, lambda r, s, w: ((r + s) % w, (r + s + 1) % w), "expected"),
     (ex.check_accumulate, accumulate, accumulate_forward_outside, "inside no_sync"),
     (ex.check_accumulate, accumulate, accumulate_no_division, "divide each loss by k"),
+    (ex.check_buckets, buckets, buckets_below_cap, "expected"),
     (ex.check_naive_ring_time, ex.naive_ring_time, lambda b, w, a, bw: 2 * (w - 1) * (a + b / w / bw), "expected"),
 ])
 def test_function_checkers_both_ways(checker, right, wrong, words, capsys):

@@ -142,9 +142,9 @@ def test_a_bucket_that_never_filled_says_so():
 
 
 def test_unreached_finds_the_head_the_forward_skipped():
-    from dp_helpers.scripts.from_scratch import TwoHeads
+    from dp_helpers.scripts.from_scratch import OptionalHead
 
-    model = TwoHeads()
+    model = OptionalHead()
     assert mini_ddp.unreached(model(torch.randn(4, 10), use_b=False), list(model.parameters())) == [model.b.weight, model.b.bias]
     assert mini_ddp.unreached(model(torch.randn(4, 10), use_b=True), list(model.parameters())) == []
 

@@ -116,8 +116,10 @@ def sweep(info: dph.DistInfo, args) -> list[dict]:
     for cap in args.caps:
         models = {"MiniDDP": mini_ddp.MiniDDP(sweep_model(), cap), "DDP": DDP(sweep_model(), bucket_cap_mb=cap)}
         seconds = step_times(models, info, args.rounds, args.steps)
-        rows.append({"bucket_cap_mb": cap, "seconds": seconds, "allreduces_per_step": models["MiniDDP"].allreduces
-                     / (args.rounds * args.steps + 2), "mini_bucket_bytes": [b.buffer.numel() * 4 for b in models["MiniDDP"].buckets],
+        mini = models["MiniDDP"]
+        rows.append({"bucket_cap_mb": cap, "step_seconds": seconds,
+                     "allreduces_per_step": mini.allreduces / (args.rounds * args.steps + 2),
+                     "mini_bucket_bytes": [b.buffer.numel() * b.buffer.element_size() for b in mini.buckets],
                      "ddp_bucket_bytes": ddp_buckets(models["DDP"])})
     return rows
 
@@ -159,8 +161,8 @@ def accumulate(info: dph.DistInfo, args) -> dict:
     return {"weights": weights(model), "allreduces_per_step": model.allreduces / 5, "buckets": len(model.buckets)}
 
 
-class TwoHeads(nn.Module):
-    """A body and two heads; head b joins the output only when the forward is asked to use it."""
+class OptionalHead(nn.Module):
+    """A body and two heads, a and b; head b joins the output only when the forward is asked to use it."""
 
     def __init__(self):
         super().__init__()
@@ -180,12 +182,12 @@ UNUSED = {"MiniDDP(find_unused_parameters=True)": lambda m: mini_ddp.MiniDDP(m, 
 
 def unused(info: dph.DistInfo, args) -> dict:
     """Head b is used on rank 0 only: the weights each wrapper that handles it trains to."""
-    return {name: train(wrap(TwoHeads()), info, use_b=info.rank == 0) for name, wrap in UNUSED.items()}
+    return {name: train(wrap(OptionalHead()), info, use_b=info.rank == 0) for name, wrap in UNUSED.items()}
 
 
 def unused_hang(info: dph.DistInfo, args) -> None:
     """The same model under plain DDP: rank 1 never produces head b's gradients (this run fails)."""
-    model = DDP(TwoHeads())
+    model = DDP(OptionalHead())
     for step in range(3):
         x, y = batch(info, step)
         bce_loss(model(x, use_b=info.rank == 0), y).backward()
