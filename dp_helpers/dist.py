@@ -117,15 +117,15 @@ def teardown() -> None:
 
 
 def worker(main: Callable[[DistInfo], object], **setup_args) -> None:
-    """Run main(info) as one rank: join the group, always leave it, record an exception for the launcher, exit cleanly."""
+    """Run main(info) as one rank: join the group, leave it, record an exception for the launcher, exit with its code."""
     @record  # an exception is written to torchrun's error file: the launcher names this rank and its error
     def run() -> None:
-        """Setup, main, teardown."""
+        """Setup, main, teardown; after an exception no teardown: the exit below closes the connections."""
         info = setup(**setup_args)
-        try:
-            main(info)
-        finally:
-            teardown()
+        # destroying the group first would let the peers fail and torchrun stop this rank (SIGTERM)
+        # before its error file is written and it exits with its own code
+        main(info)
+        teardown()
 
     # torch 2.13 keeps the gloo group's threads alive once a DDP model was built, even after
     # destroy_process_group(); interpreter finalization then sometimes aborts the process (SIGABRT
