@@ -18,6 +18,7 @@ import time
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils._pytree import tree_leaves
 
 
 def broadcast_state(model: nn.Module, src: int = 0) -> None:
@@ -72,6 +73,7 @@ class AsyncAllReduce(HookAllReduce):
         super().__init__(module)
         self.pending, self.waiting, self.events, self.timers, self.t0 = [], False, [], [], time.perf_counter()
         self.names = {p: name for name, p in module.named_parameters()}
+        self.record = False  # True: note every gradient and all-reduce in self.events (a timeline; costs time)
 
     def reduce(self, param: nn.Parameter) -> None:
         """Param's gradient is final: note it, and queue the wait once per backward before launching."""
@@ -80,7 +82,8 @@ class AsyncAllReduce(HookAllReduce):
         if not self.waiting:  # the first ready gradient of this backward
             engine_callback(self.finish_backward)
             self.waiting = True
-        self.events.append({"kind": "gradient ready", "name": self.names[param], "start": self.clock()})
+        if self.record:
+            self.events.append({"kind": "gradient ready", "name": self.names[param], "start": self.clock()})
         self.launch(param)
 
     def launch(self, param: nn.Parameter) -> None:
@@ -93,10 +96,12 @@ class AsyncAllReduce(HookAllReduce):
 
     def finish_backward(self) -> None:
         """The engine callback: wait for this backward's all-reduces; the next backward queues it again."""
-        self.wait()
-        for timer in self.timers:  # the events' end times are written on the backend's thread
-            timer.wait()
-        self.waiting, self.timers = False, []
+        try:
+            self.wait()
+            for timer in self.timers:  # the events' end times are written on the backend's thread
+                timer.wait()
+        finally:  # also after an error, so that the next backward starts afresh
+            self.waiting, self.timers, self.pending = False, [], []
 
     def wait(self) -> None:
         """Block until every all-reduce of this backward is done (before optimizer.step can run)."""
@@ -109,7 +114,9 @@ class AsyncAllReduce(HookAllReduce):
         return time.perf_counter() - self.t0
 
     def timed(self, work, name: str, tensor: torch.Tensor) -> None:
-        """Record an all-reduce event: started now, ended when the backend completes the work."""
+        """Record an all-reduce event (when recording): started now, ended when the backend completes the work."""
+        if not self.record:
+            return
         event = {"kind": "all-reduce", "name": name, "start": self.clock(), "bytes": tensor.numel() * tensor.element_size()}
         self.events.append(event)
         self.timers.append(work.get_future().then(lambda fut: event.update(end=self.clock())))  # on the backend's thread
@@ -160,7 +167,6 @@ class Bucket:
         self.work.wait()
         for p, view in self.slices():
             p.grad.copy_(view)
-        self.ready, self.work = set(), None
 
 
 class MiniDDP(AsyncAllReduce):
@@ -171,6 +177,8 @@ class MiniDDP(AsyncAllReduce):
         # the backward produces the last layer's gradients first: fill buckets from the end (DDP records that
         # order during its first backward, then rebuilds its buckets along it)
         params = [p for p in reversed(list(module.parameters())) if p.requires_grad]
+        if len({(p.dtype, p.device) for p in params}) > 1:  # DDP keeps a bucket per dtype and device; ours does not
+            raise ValueError("MiniDDP needs every trained parameter on one device with one dtype.")
         groups = assign_buckets([p.numel() * p.element_size() for p in params], int(bucket_cap_mb * 2**20))
         self.buckets = [Bucket([params[i] for i in group]) for group in groups]
         self.bucket_of = {p: b for b in self.buckets for p in b.params}
@@ -178,7 +186,11 @@ class MiniDDP(AsyncAllReduce):
 
     def launch(self, param: nn.Parameter) -> None:
         """Mark param ready; all-reduce every full bucket whose turn has come (all ranks must launch in one order)."""
-        self.bucket_of[param].ready.add(param)
+        bucket = self.bucket_of[param]
+        if param in bucket.ready:  # DDP: "Expected to mark a variable ready only once"
+            raise RuntimeError(f"{self.names[param]} was marked ready twice in one backward: it got a gradient although "
+                               "the last forward did not use it (two forwards before one backward?).")
+        bucket.ready.add(param)
         while self.next < len(self.buckets) and self.buckets[self.next].full():
             bucket = self.buckets[self.next]
             bucket.launch(dist.get_world_size())
@@ -186,15 +198,19 @@ class MiniDDP(AsyncAllReduce):
             self.allreduces, self.next = self.allreduces + 1, self.next + 1
 
     def wait(self) -> None:
-        """Finish every bucket's all-reduce, in launch order."""
-        for bucket in self.buckets:
-            bucket.finish()
-        self.next = 0
+        """Finish every bucket's all-reduce, in launch order; then every bucket is empty again, even after an error."""
+        try:
+            for bucket in self.buckets:
+                bucket.finish()
+        finally:
+            for bucket in self.buckets:
+                bucket.ready, bucket.work = set(), None
+            self.next = 0
 
     def forward(self, *args, **kwargs):
         """The module's forward; with find_unused_parameters, also find the parameters its graph does not reach."""
         out = self.module(*args, **kwargs)
-        if self.find_unused and self.sync and torch.is_grad_enabled():
+        if self.find_unused and torch.is_grad_enabled():
             self.unused = unreached(out, list(self.bucket_of))
         return out
 
@@ -205,11 +221,13 @@ class MiniDDP(AsyncAllReduce):
         for p in self.unused if first else []:
             p.grad = torch.zeros_like(p) if p.grad is None else p.grad
             self.launch(p)
+        if first:
+            self.unused = []  # this forward's set is used up: the next backward needs a new forward
 
 
 def unreached(outputs, params: list[nn.Parameter]) -> list[nn.Parameter]:
     """The parameters that the autograd graph behind outputs never reaches (DDP's find_unused_parameters traversal)."""
-    outs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
+    outs = [t for t in tree_leaves(outputs) if isinstance(t, torch.Tensor)]  # any nesting of lists, tuples, dicts
     stack, seen, reached = [t.grad_fn for t in outs if t.grad_fn is not None], set(), set()
     while stack:
         fn = stack.pop()

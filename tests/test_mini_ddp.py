@@ -1,5 +1,6 @@
 """dp_helpers.mini_ddp: each step of DDP built by hand equals torch's DDP and one process (ranks in rank pools)."""
 
+import contextlib
 import random
 
 import pytest
@@ -90,6 +91,7 @@ def test_no_sync_skips_the_first_micro_batch(pools):
 def timeline(info) -> list[dict]:
     """One backward of the bucketed wrapper with its events."""
     model = mini_ddp.MiniDDP(mlp(seed=0), bucket_cap_mb=0.004)
+    model.record = True
     x, y = batches(1)[0]
     bce_loss(model(x), y).backward()
     return model.events
@@ -98,9 +100,9 @@ def timeline(info) -> list[dict]:
 @pytest.mark.slow
 def test_communication_starts_while_the_backward_runs(pools):
     events = pools.get(2).run(timeline)[0]
-    first_start = min(e["start"] for e in events if e["kind"] == "all-reduce")
-    last_ready = max(e["start"] for e in events if e["kind"] == "gradient ready")
-    assert first_start < last_ready
+    bars = [e for e in events if e["kind"] == "all-reduce"]
+    ready = [e["start"] for e in events if e["kind"] == "gradient ready"]
+    assert any(e["start"] < r < e["end"] for e in bars for r in ready)  # a gradient ready while one is in flight
     assert [e["kind"] for e in events].count("gradient ready") == 5
     assert all(e["end"] >= e["start"] for e in events if e["kind"] == "all-reduce")  # every end was recorded
 
@@ -139,6 +141,30 @@ def test_a_bucket_that_never_filled_says_so():
     bucket.ready.add(bucket.params[0])
     with pytest.raises(RuntimeError, match="1 got no gradient in this backward"):
         bucket.finish()
+
+
+def forward_inside_no_sync(info) -> list[bool]:
+    """find_unused_parameters: a forward inside no_sync whose backward runs outside equals both outside; two forwards raise."""
+    from dp_helpers.scripts.from_scratch import OptionalHead
+
+    x, y = batches(1)[0]
+    grads = []
+    for inside in (False, True):
+        model = mini_ddp.MiniDDP(OptionalHead(), bucket_cap_mb=1e-6, find_unused_parameters=True)
+        with model.no_sync() if inside else contextlib.nullcontext():
+            out = model(x, use_b=False)  # head b unused: found by the walk, also inside no_sync
+        bce_loss(out, y).backward()
+        grads.append([p.grad.clone() for p in model.module.parameters()])
+    model.zero_grad()
+    loss = bce_loss(model(x, use_b=True), y) + bce_loss(model(x, use_b=False), y)  # the second forward's set is wrong
+    with pytest.raises(RuntimeError, match=r"b\.(weight|bias) was marked ready twice"):
+        loss.backward()
+    return [torch.equal(a, b) for a, b in zip(*grads, strict=True)]
+
+
+@pytest.mark.slow
+def test_unused_parameters_come_from_the_forward_before_the_backward(pools):
+    assert pools.get(1).run(forward_inside_no_sync)[0] == [True] * 6
 
 
 def test_unreached_finds_the_head_the_forward_skipped():

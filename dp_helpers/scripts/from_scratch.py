@@ -100,7 +100,7 @@ def timeline(info: dph.DistInfo, args) -> dict:
 def one_backward(model, info: dph.DistInfo) -> list[dict]:
     """The events of one timed backward, after a warm-up step."""
     train(model, info, steps=1)
-    model.events.clear()
+    model.record = True  # from now on the hooks note every event
     x, y = batch(info, 99)
     torch.distributed.barrier()  # both ranks start the timed backward together
     loss = bce_loss(model(x), y)
@@ -176,6 +176,8 @@ class OptionalHead(nn.Module):
 
 
 UNUSED = {"MiniDDP(find_unused_parameters=True)": lambda m: mini_ddp.MiniDDP(m, find_unused_parameters=True),
+          "MiniDDP(find_unused_parameters=True), a bucket per tensor":
+              lambda m: mini_ddp.MiniDDP(m, bucket_cap_mb=1e-6, find_unused_parameters=True),
           "DDP(find_unused_parameters=True)": lambda m: DDP(m, find_unused_parameters=True),
           "DDP(static_graph=True)": lambda m: DDP(m, static_graph=True)}
 
