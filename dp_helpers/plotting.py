@@ -239,9 +239,9 @@ def plot_backward_timeline(events: list[dict], ax=None):
         ax.barh(row, 1e3 * (e["end"] - e["start"]), left=1e3 * e["start"], color="C1", height=0.6)
         ax.text(1e3 * e["end"], row, f" {_size(e['bytes'])}", va="center", fontsize="x-small")
     done = [e["start"] for e in events if e["kind"] == "backward done"]
-    if done:
-        ax.axvline(1e3 * done[0], color="gray", linestyle=":", label="backward returns")
-        ax.legend(fontsize="small", loc="lower right")
+    if done:  # labelled at the top rather than in a legend, which would hide the last bars
+        ax.axvline(1e3 * done[0], color="gray", linestyle=":")
+        ax.text(1e3 * done[0], -0.6, "backward returns ", ha="right", va="bottom", fontsize="x-small", color="gray")
     ax.set_yticks(range(len(buckets) + 1), ["gradients ready"] + [e["name"] for e in buckets])
     ax.invert_yaxis()
     ax.set_xlabel("ms since the backward started")
@@ -250,7 +250,9 @@ def plot_backward_timeline(events: list[dict], ax=None):
 
 
 def _size(n_bytes: int) -> str:
-    """1.0 MiB, or 22 KiB below a tenth of a MiB."""
+    """1.0 MiB, 22 KiB below a tenth of a MiB, 4 B below a KiB."""
+    if n_bytes < 2**10:
+        return f"{n_bytes} B"
     return f"{n_bytes / 2**20:.1f} MiB" if n_bytes >= 2**20 / 10 else f"{n_bytes / 2**10:.0f} KiB"
 
 

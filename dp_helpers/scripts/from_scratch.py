@@ -114,7 +114,8 @@ def sweep(info: dph.DistInfo, args) -> list[dict]:
     """For each bucket cap: MiniDDP's and DDP's bucket sizes, and both median step times, measured alternately."""
     rows = []
     for cap in args.caps:
-        models = {"MiniDDP": mini_ddp.MiniDDP(sweep_model(), cap), "DDP": DDP(sweep_model(), bucket_cap_mb=cap)}
+        models = {"MiniDDP": mini_ddp.MiniDDP(sweep_model(args.width, args.depth), cap),
+                  "DDP": DDP(sweep_model(args.width, args.depth), bucket_cap_mb=cap)}
         seconds = step_times(models, info, args.rounds, args.steps)
         mini = models["MiniDDP"]
         rows.append({"bucket_cap_mb": cap, "step_seconds": seconds,
@@ -124,9 +125,9 @@ def sweep(info: dph.DistInfo, args) -> list[dict]:
     return rows
 
 
-def sweep_model() -> nn.Module:
-    """Eight 256-wide layers: 256 KiB of gradient each, so the cap decides the buckets."""
-    return mlp(0, width=256, depth=8)
+def sweep_model(width: int = 256, depth: int = 8) -> nn.Module:
+    """By default eight 256-wide layers: 256 KiB of gradient per hidden weight, so the cap decides the buckets."""
+    return mlp(0, width=width, depth=depth)
 
 
 def ddp_buckets(model: DDP) -> list[int]:
@@ -220,6 +221,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--experiment", choices=sorted(EXPERIMENTS), nargs="+", required=True)
     parser.add_argument("--caps", type=float, nargs="+", default=[0.1, 0.3, 0.6, 1.0, 25.0], help="bucket caps in MiB")
     parser.add_argument("--bucket-cap-mb", type=float, default=1.0, help="the timeline's bucket cap")
+    parser.add_argument("--width", type=int, default=256, help="the sweep model's hidden width")
+    parser.add_argument("--depth", type=int, default=8, help="the sweep model's hidden layers")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=5)
     return parser.parse_args(argv)
