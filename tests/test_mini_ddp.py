@@ -89,10 +89,12 @@ def test_no_sync_skips_the_first_micro_batch(pools):
 
 
 def timeline(info) -> list[dict]:
-    """One backward of the bucketed wrapper with its events."""
-    model = mini_ddp.MiniDDP(mlp(seed=0), bucket_cap_mb=0.004)
+    """One recorded backward of the bucketed wrapper on the notebook's wider MLP (1 MiB layers: milliseconds each)."""
+    from dp_helpers.scripts import from_scratch
+
+    model = mini_ddp.MiniDDP(from_scratch.mlp(0, width=512, depth=4), bucket_cap_mb=1)
     model.record = True
-    x, y = batches(1)[0]
+    x, y = from_scratch.batch(info, 0)
     bce_loss(model(x), y).backward()
     return model.events
 
@@ -103,7 +105,7 @@ def test_communication_starts_while_the_backward_runs(pools):
     bars = [e for e in events if e["kind"] == "all-reduce"]
     ready = [e["start"] for e in events if e["kind"] == "gradient ready"]
     assert any(e["start"] < r < e["end"] for e in bars for r in ready)  # a gradient ready while one is in flight
-    assert [e["kind"] for e in events].count("gradient ready") == 5
+    assert [e["kind"] for e in events].count("gradient ready") == 9 and len(bars) == 4
     assert all(e["end"] >= e["start"] for e in events if e["kind"] == "all-reduce")  # every end was recorded
 
 
