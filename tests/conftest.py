@@ -16,11 +16,18 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+# files whose tests share nothing (no module fixture, no order): xdist may spread them over both workers
+SPREAD = {"test_launch_runs.py", "test_cli.py"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(items):
-    """Every notebook cell is slow: it runs in a kernel (a process), and many start torchrun."""
+    """Notebook cells are slow (a kernel, often torchrun); every file but SPREAD runs whole on one worker."""
     for item in items:
         if item.path.suffix == ".ipynb":
             item.add_marker(pytest.mark.slow)
+        if item.path.name not in SPREAD:  # a notebook's cells share one kernel; module fixtures run once
+            item.add_marker(pytest.mark.xdist_group(item.path.name))
 
 
 @pytest.fixture(autouse=True)
