@@ -1,0 +1,128 @@
+"""Sharded data parallelism built from scratch: ZeRO-1 and ZeRO-2 around Adam, with exact bytes per rank (issue #14's notebook).
+
+- `held_bytes`: what a rank holds, counted from storages (a view or a padded shard counts what it really keeps).
+- `zero_bytes`: the ZeRO paper's arithmetic for fp32 Adam (4 bytes of parameter, 4 of gradient, 8 of state per
+  parameter: 16 Ψ in all), per stage, with the padding a flat buffer split into world_size equal shards needs.
+- `Flat`: tensors laid out in one buffer padded to a multiple of world_size; rank r owns chunk r.
+- `ZeroAdam(model, stage=1|2)`: every rank keeps full parameters; Adam's state exists only for its own chunk;
+  gradients are reduce-scattered (each rank receives the sum of its chunk), the chunk is stepped, and an all-gather
+  rebuilds the parameters. Stage 2 also drops the full gradients once they are reduced.
+All run inside a process group (a script under torchrun, or a test's rank pool).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .mini_ddp import broadcast_state
+
+ADAM_STATE_BYTES = 8  # exp_avg and exp_avg_sq, fp32, per parameter
+
+
+def storage_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind tensors (views of one buffer count once, with its padding)."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors if t is not None}
+    return sum(storages.values())
+
+
+def held_bytes(params: list[torch.Tensor], grads: list[torch.Tensor], optimizer: torch.optim.Optimizer) -> dict:
+    """What this rank holds: parameters, gradients and optimizer state, in bytes, counted from storages."""
+    state = [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+    return {"parameters": storage_bytes(params), "gradients": storage_bytes(grads), "optimizer state": storage_bytes(state)}
+
+
+def padded(numel: int, world_size: int) -> int:
+    """numel rounded up to a multiple of world_size: the flat buffer that splits into equal chunks."""
+    return -(-numel // world_size) * world_size
+
+
+def zero_bytes(numel: int, world_size: int, stage: int, steps_tensors: int = 1) -> dict:
+    """The ZeRO paper's bytes per rank for fp32 Adam at a stage (0: DDP), with flat-buffer padding and Adam's step scalars."""
+    full, chunk = 4 * padded(numel, world_size), 4 * padded(numel, world_size) // world_size
+    state = ADAM_STATE_BYTES * (padded(numel, world_size) // world_size if stage >= 1 else numel) + 4 * steps_tensors
+    if stage == 0:
+        return {"parameters": 4 * numel, "gradients": 4 * numel, "optimizer state": state}
+    # stage 1 keeps autograd's own (unpadded) gradients; from stage 2 on only this rank's chunk of them
+    return {"parameters": full if stage < 3 else chunk, "gradients": 4 * numel if stage == 1 else chunk,
+            "optimizer state": state}
+
+
+class Flat:
+    """Tensors copied into one buffer padded to a multiple of world_size; `views` alias it, `chunk(r)` is rank r's part."""
+
+    def __init__(self, tensors: list[torch.Tensor], world_size: int):
+        self.shapes = [t.shape for t in tensors]
+        self.size = padded(sum(t.numel() for t in tensors), world_size) // world_size
+        self.buffer = torch.zeros(self.size * world_size, dtype=tensors[0].dtype, device=tensors[0].device)
+        self.views = self.views_of(self.buffer)
+        for view, t in zip(self.views, tensors, strict=True):
+            view.copy_(t)
+
+    def views_of(self, buffer: torch.Tensor) -> list[torch.Tensor]:
+        """Views of a buffer laid out like this one, one per original tensor, in order."""
+        views, offset = [], 0
+        for shape in self.shapes:
+            numel = shape.numel()
+            views.append(buffer[offset:offset + numel].view(shape))
+            offset += numel
+        return views
+
+    def chunk(self, rank: int) -> torch.Tensor:
+        """Rank's equal share of the buffer (a view)."""
+        return self.buffer[rank * self.size:(rank + 1) * self.size]
+
+
+def all_gather_flat(out: torch.Tensor, mine: torch.Tensor) -> None:
+    """out = every rank's `mine`, concatenated in rank order (all_gather_single where torch has it)."""
+    (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, mine)
+
+
+def reduce_scatter_flat(mine: torch.Tensor, full: torch.Tensor) -> None:
+    """mine = the sum over ranks of this rank's chunk of `full` (reduce_scatter_single where torch has it)."""
+    (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(mine, full)
+
+
+class ZeroAdam:
+    """ZeRO stage 1 or 2 from scratch: full parameters everywhere, Adam's state and the update for 1/W of them per rank."""
+
+    def __init__(self, model: nn.Module, stage: int = 1, **adam):
+        if stage not in (1, 2):
+            raise ValueError(f"ZeroAdam implements stages 1 and 2, not {stage!r}.")
+        broadcast_state(model)  # every rank starts from rank 0's weights, as DDP does
+        self.stage, self.rank, self.world_size = stage, dist.get_rank(), dist.get_world_size()
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.flat = Flat([p.detach() for p in self.params], self.world_size)
+        for p, view in zip(self.params, self.flat.views, strict=True):
+            p.data = view  # the model now reads its weights from the flat buffer
+        self.shard = nn.Parameter(self.flat.chunk(self.rank))  # shares the buffer: stepping it updates the model
+        self.adam = torch.optim.Adam([self.shard], **adam)
+        self.sent = {"reduce_scatter": 0, "all_gather": 0}  # bytes handed to each collective by this rank
+
+    def step(self) -> None:
+        """Reduce-scatter the gradients, step this rank's chunk, all-gather the parameters."""
+        full = torch.zeros_like(self.flat.buffer)
+        for p, view in zip(self.params, self.flat.views_of(full), strict=True):
+            view.copy_(p.grad)
+        self.shard.grad = torch.empty_like(self.shard)
+        reduce_scatter_flat(self.shard.grad, full)
+        self.shard.grad.div_(self.world_size)  # the mean gradient of this chunk, as DDP's all-reduce gives
+        if self.stage == 2:
+            for p in self.params:
+                p.grad = None  # stage 2 keeps only its own chunk of the gradient
+        self.adam.step()
+        all_gather_flat(self.flat.buffer, self.shard.detach().clone())
+        self.sent["reduce_scatter"] += full.numel() * full.element_size()
+        self.sent["all_gather"] += self.flat.buffer.numel() * self.flat.buffer.element_size()
+        if self.stage == 1:
+            self.shard.grad = None  # stage 1 keeps the full gradients instead
+
+    def zero_grad(self) -> None:
+        """Forget the last step's gradients."""
+        for p in self.params:
+            p.grad = None
+
+    def held(self) -> dict:
+        """Bytes this rank holds now (call it after step)."""
+        return held_bytes(self.params, [p.grad for p in self.params] + [self.shard.grad], self.adam)
