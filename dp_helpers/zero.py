@@ -1,4 +1,4 @@
-"""Sharded data parallelism built from scratch: ZeRO-1 and ZeRO-2 around Adam, with exact bytes per rank (issue #14's notebook).
+"""Sharded data parallelism built from scratch: ZeRO-1, -2 and -3 around Adam, with exact bytes per rank (issue #14's notebook).
 
 - `held_bytes`: what a rank holds, counted from storages (a view or a padded shard counts what it really keeps).
 - `zero_bytes`: the ZeRO paper's arithmetic for fp32 Adam (4 bytes of parameter, 4 of gradient, 8 of state per
@@ -7,6 +7,8 @@
 - `ZeroAdam(model, stage=1|2)`: every rank keeps full parameters; Adam's state exists only for its own chunk;
   gradients are reduce-scattered (each rank receives the sum of its chunk), the chunk is stepped, and an all-gather
   rebuilds the parameters. Stage 2 also drops the full gradients once they are reduced.
+- `Zero3(model)`: parameters sharded too. Each module with parameters is a `Unit` whose full parameters exist only
+  between an all-gather (before its forward, and again before its backward) and the free that follows.
 All run inside a process group (a script under torchrun, or a test's rank pool).
 """
 
@@ -38,13 +40,18 @@ def padded(numel: int, world_size: int) -> int:
     return -(-numel // world_size) * world_size
 
 
-def zero_bytes(numel: int, world_size: int, stage: int, steps_tensors: int = 1) -> dict:
-    """The ZeRO paper's bytes per rank for fp32 Adam at a stage (0: DDP), with flat-buffer padding and Adam's step scalars."""
-    full, chunk = 4 * padded(numel, world_size), 4 * padded(numel, world_size) // world_size
-    state = ADAM_STATE_BYTES * (padded(numel, world_size) // world_size if stage >= 1 else numel) + 4 * steps_tensors
+def zero_bytes(units: list[int], world_size: int, stage: int) -> dict:
+    """The ZeRO paper's bytes per rank for fp32 Adam at a stage (0: DDP), for flat units of these sizes (numels).
+
+    Units: stage 0 one per parameter tensor, stages 1-2 one (the whole model), stage 3 one per module. Each unit is
+    padded to a multiple of world_size; Adam adds a 4-byte step counter per tensor it steps (one per unit).
+    """
+    numel, chunks = sum(units), [padded(n, world_size) // world_size for n in units]
+    full, chunk = 4 * world_size * sum(chunks), 4 * sum(chunks)
     if stage == 0:
-        return {"parameters": 4 * numel, "gradients": 4 * numel, "optimizer state": state}
-    # stage 1 keeps autograd's own (unpadded) gradients; from stage 2 on only this rank's chunk of them
+        return {"parameters": 4 * numel, "gradients": 4 * numel, "optimizer state": ADAM_STATE_BYTES * numel + 4 * len(units)}
+    state = ADAM_STATE_BYTES * sum(chunks) + 4 * len(units)
+    # stage 1 keeps autograd's own (unpadded) gradients; from stage 2 on only this rank's chunks of them
     return {"parameters": full if stage < 3 else chunk, "gradients": 4 * numel if stage == 1 else chunk,
             "optimizer state": state}
 
@@ -126,3 +133,85 @@ class ZeroAdam:
     def held(self) -> dict:
         """Bytes this rank holds now (call it after step)."""
         return held_bytes(self.params, [p.grad for p in self.params] + [self.shard.grad], self.adam)
+
+
+def free(buffer: torch.Tensor) -> None:
+    """Release a buffer's memory but keep its storage object, so views and autograd's saved tensors can see it refilled."""
+    buffer.untyped_storage().resize_(0)
+
+
+class Unit:
+    """ZeRO-3's unit: one module's own parameters as a flat buffer that exists only while needed, plus this rank's chunk."""
+
+    def __init__(self, module: nn.Module, owner: Zero3):
+        self.owner, self.params = owner, list(module.parameters(recurse=False))
+        self.flat = Flat([p.detach() for p in self.params], owner.world_size)
+        self.shard = nn.Parameter(self.flat.chunk(owner.rank).clone())  # its own storage: the only copy kept
+        for p, view in zip(self.params, self.flat.views, strict=True):
+            p.data = view
+            p.register_post_accumulate_grad_hook(self.grad_ready)
+        self.nbytes, self.ready = self.flat.buffer.untyped_storage().nbytes(), 0
+        free(self.flat.buffer)
+        module.register_forward_pre_hook(lambda *_: self.gather())
+        module.register_forward_hook(self.after_forward)
+
+    def gather(self) -> None:
+        """Refill the full parameters from every rank's chunk."""
+        self.flat.buffer.untyped_storage().resize_(self.nbytes)
+        all_gather_flat(self.flat.buffer, self.shard.detach())
+        self.owner.sent["all_gather"] += self.nbytes
+
+    def after_forward(self, module, args, out):
+        """Free the parameters; gather them again just before this module's backward needs them."""
+        free(self.flat.buffer)
+        if out.requires_grad:
+            out.register_hook(lambda grad: self.gather())  # runs before the gradient reaches this module's backward
+
+    def grad_ready(self, param: nn.Parameter) -> None:
+        """Once every gradient of the unit is in: reduce-scatter them into this rank's chunk, free the rest."""
+        self.ready += 1
+        if self.ready < len(self.params):
+            return
+        full = torch.zeros(self.flat.buffer.shape, dtype=self.shard.dtype, device=self.shard.device)
+        for p, view in zip(self.params, self.flat.views_of(full), strict=True):
+            view.copy_(p.grad)
+            p.grad = None
+        self.shard.grad = torch.empty_like(self.shard)
+        reduce_scatter_flat(self.shard.grad, full)
+        self.shard.grad.div_(self.owner.world_size)
+        self.owner.sent["reduce_scatter"] += self.nbytes
+        self.ready = 0
+        free(self.flat.buffer)
+
+
+class Zero3:
+    """ZeRO stage 3 from scratch: each module's parameters live as 1/W chunks, gathered for its forward and its backward."""
+
+    def __init__(self, model: nn.Module, **adam):
+        broadcast_state(model)
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.sent = {"reduce_scatter": 0, "all_gather": 0}
+        self.units = [Unit(m, self) for m in model.modules() if any(True for _ in m.parameters(recurse=False))]
+        self.adam = torch.optim.Adam([u.shard for u in self.units], **adam)
+
+    def step(self) -> None:
+        """Adam on this rank's chunks (the next forward gathers the new parameters)."""
+        self.adam.step()
+
+    def zero_grad(self) -> None:
+        """Forget the last step's gradient chunks."""
+        self.adam.zero_grad()
+
+    def held(self) -> dict:
+        """Bytes this rank holds now."""
+        params = [p for u in self.units for p in u.params] + [u.shard for u in self.units]
+        return held_bytes(params, [u.shard.grad for u in self.units], self.adam)
+
+    def full_weights(self) -> list[torch.Tensor]:
+        """Every parameter in full, gathered on every rank (a collective: all ranks call it)."""
+        out = []
+        for u in self.units:
+            u.gather()
+            out += [p.detach().clone() for p in u.params]
+            free(u.flat.buffer)
+        return out

@@ -58,8 +58,18 @@ def alone(world_size: int) -> dict:
     return weights(model)
 
 
+def stage3(info) -> dict:
+    """Train with Zero3 from a different start per rank; full weights gathered, bytes held and sent."""
+    model = mlp(seed=info.rank)
+    opt = zero.Zero3(model, lr=0.01)
+    adam_train(model, opt, info)
+    names = [name for name, _ in model.named_parameters()]
+    full = dict(zip(names, (t.tolist() for t in opt.full_weights()), strict=True))
+    return {"weights": full, "held": opt.held(), "sent": opt.sent}
+
+
 def run_all(info) -> dict:
-    return {"zero1": sharded(info, 1), "zero2": sharded(info, 2), "ddp": with_ddp(info)}
+    return {"zero1": sharded(info, 1), "zero2": sharded(info, 2), "zero3": stage3(info), "ddp": with_ddp(info)}
 
 
 def close(a: dict, b: dict) -> None:
@@ -71,22 +81,29 @@ def close(a: dict, b: dict) -> None:
 def test_zero_stages_equal_ddp_and_one_process(pools, world):
     ranks = pools.get(world).run(run_all)
     reference = alone(world)
-    numel = sum(p.numel() for p in mlp(0).parameters())
+    model = mlp(0)
+    numel = sum(p.numel() for p in model.parameters())
+    per_module = [sum(p.numel() for p in m.parameters(recurse=False)) for m in model if isinstance(m, torch.nn.Linear)]
     for rank in ranks:
         close(rank["ddp"], reference)
-        for stage in (1, 2):
+        for stage in (1, 2, 3):
             close(rank[f"zero{stage}"]["weights"], rank["ddp"])
-            assert rank[f"zero{stage}"]["held"] == zero.zero_bytes(numel, world, stage)
+        for stage in (1, 2):
+            assert rank[f"zero{stage}"]["held"] == zero.zero_bytes([numel], world, stage)
             full = 4 * zero.padded(numel, world) * STEPS
             assert rank[f"zero{stage}"]["sent"] == {"reduce_scatter": full, "all_gather": full}
+        assert rank["zero3"]["held"] == zero.zero_bytes(per_module, world, 3)
+        full = 4 * sum(zero.padded(n, world) for n in per_module) * STEPS
+        assert rank["zero3"]["sent"] == {"reduce_scatter": full, "all_gather": 2 * full + full // STEPS}  # + the final gather
 
 
 def test_the_formula_is_the_papers_16_psi_divided_as_it_says():
-    psi, n = 1200, 4  # divisible: no padding
-    ddp, one, two = (zero.zero_bytes(psi, n, s, steps_tensors=0) for s in (0, 1, 2))
-    assert sum(ddp.values()) == 16 * psi
-    assert sum(one.values()) == 4 * psi + 4 * psi + 8 * psi // n
-    assert sum(two.values()) == 4 * psi + (4 + 8) * psi // n
+    psi, n = 1200, 4  # divisible: no padding; minus Adam's 4-byte step counter per stepped tensor
+    ddp, one, two, three = (sum(zero.zero_bytes([psi], n, s).values()) - 4 for s in (0, 1, 2, 3))
+    assert ddp == 16 * psi
+    assert one == 4 * psi + 4 * psi + 8 * psi // n
+    assert two == 4 * psi + (4 + 8) * psi // n
+    assert three == 16 * psi // n
 
 
 def test_flat_views_alias_one_padded_buffer():
