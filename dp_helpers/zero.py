@@ -29,10 +29,16 @@ def storage_bytes(tensors) -> int:
     return sum(storages.values())
 
 
+def local(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A DTensor's local shard (FSDP2's parameters, gradients and Adam state), any other tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 def held_bytes(params: list[torch.Tensor], grads: list[torch.Tensor], optimizer: torch.optim.Optimizer) -> dict:
     """What this rank holds: parameters, gradients and optimizer state, in bytes, counted from storages."""
     state = [t for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
-    return {"parameters": storage_bytes(params), "gradients": storage_bytes(grads), "optimizer state": storage_bytes(state)}
+    return {name: storage_bytes([local(t) for t in tensors])
+            for name, tensors in (("parameters", params), ("gradients", grads), ("optimizer state", state))}
 
 
 def padded(numel: int, world_size: int) -> int:
@@ -54,6 +60,16 @@ def zero_bytes(units: list[int], world_size: int, stage: int) -> dict:
     # stage 1 keeps autograd's own (unpadded) gradients; from stage 2 on only this rank's chunks of them
     return {"parameters": full if stage < 3 else chunk, "gradients": 4 * numel if stage == 1 else chunk,
             "optimizer state": state}
+
+
+def fsdp2_bytes(shapes: list[torch.Size], world_size: int, rank: int) -> dict:
+    """FSDP2's bytes on `rank` for fp32 Adam: parameters and gradients keep dim-0 shards padded to ceil(rows / W) rows;
+    Adam's state holds the unpadded rows this rank owns, plus a 4-byte step counter per parameter."""
+    padded_rows = [-(-s[0] // world_size) * (s.numel() // s[0]) for s in shapes]
+    owned = [max(0, min(s[0], (rank + 1) * -(-s[0] // world_size)) - rank * -(-s[0] // world_size)) * (s.numel() // s[0])
+             for s in shapes]
+    return {"parameters": 4 * sum(padded_rows), "gradients": 4 * sum(padded_rows),
+            "optimizer state": ADAM_STATE_BYTES * sum(owned) + 4 * len(shapes)}
 
 
 class Flat:
@@ -215,3 +231,18 @@ class Zero3:
             out += [p.detach().clone() for p in u.params]
             free(u.flat.buffer)
         return out
+
+
+def fully_sharded(model: nn.Module) -> nn.Module:
+    """torch's FSDP2 on the default group: each module with parameters, then the root, sharded on dim 0 (in place)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    broadcast_state(model)  # fully_shard does not broadcast: without this each rank would keep its own initial rows
+    device = next(model.parameters()).device.type
+    mesh = init_device_mesh(device, (dist.get_world_size(),))
+    for module in model.modules():
+        if module is not model and any(True for _ in module.parameters(recurse=False)):
+            fully_shard(module, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model

@@ -68,8 +68,29 @@ def stage3(info) -> dict:
     return {"weights": full, "held": opt.held(), "sent": opt.sent}
 
 
+def torch_zero(info) -> dict:
+    """torch's ZeroRedundancyOptimizer (stage 1, whole tensors per rank) around Adam, under DDP."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    model = DDP(mlp(seed=info.rank))
+    opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=0.01)
+    adam_train(model, opt, info)
+    grads = [p.grad for p in model.parameters()]
+    return {"weights": weights(model), "held": zero.held_bytes(list(model.parameters()), grads, opt.optim)}
+
+
+def fsdp2(info) -> dict:
+    """torch's fully_shard (FSDP2) with Adam: full weights gathered from the DTensor shards; bytes held."""
+    model = zero.fully_sharded(mlp(seed=info.rank))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    adam_train(model, opt, info)
+    full = {name: p.full_tensor().tolist() for name, p in model.named_parameters()}  # a collective per parameter
+    return {"weights": full, "held": zero.held_bytes(list(model.parameters()), [p.grad for p in model.parameters()], opt)}
+
+
 def run_all(info) -> dict:
-    return {"zero1": sharded(info, 1), "zero2": sharded(info, 2), "zero3": stage3(info), "ddp": with_ddp(info)}
+    return {"zero1": sharded(info, 1), "zero2": sharded(info, 2), "zero3": stage3(info), "ddp": with_ddp(info),
+            "torch zero": torch_zero(info), "fsdp2": fsdp2(info)}
 
 
 def close(a: dict, b: dict) -> None:
@@ -84,15 +105,17 @@ def test_zero_stages_equal_ddp_and_one_process(pools, world):
     model = mlp(0)
     numel = sum(p.numel() for p in model.parameters())
     per_module = [sum(p.numel() for p in m.parameters(recurse=False)) for m in model if isinstance(m, torch.nn.Linear)]
-    for rank in ranks:
+    for r, rank in enumerate(ranks):
         close(rank["ddp"], reference)
-        for stage in (1, 2, 3):
-            close(rank[f"zero{stage}"]["weights"], rank["ddp"])
+        for name in ("zero1", "zero2", "zero3", "torch zero", "fsdp2"):
+            close(rank[name]["weights"], rank["ddp"])
         for stage in (1, 2):
             assert rank[f"zero{stage}"]["held"] == zero.zero_bytes([numel], world, stage)
             full = 4 * zero.padded(numel, world) * STEPS
             assert rank[f"zero{stage}"]["sent"] == {"reduce_scatter": full, "all_gather": full}
         assert rank["zero3"]["held"] == zero.zero_bytes(per_module, world, 3)
+        shapes = [p.shape for p in model.parameters()]
+        assert rank["fsdp2"]["held"] == zero.fsdp2_bytes(shapes, world, r)
         full = 4 * sum(zero.padded(n, world) for n in per_module) * STEPS
         assert rank["zero3"]["sent"] == {"reduce_scatter": full, "all_gather": 2 * full + full // STEPS}  # + the final gather
 
