@@ -11,6 +11,7 @@ from .checks import UsageError, check_choice, check_int, check_positive_number
 
 MODELS = ("linear", "mlp", "bn")
 SYNCS = ("ddp", "manual")
+STRATEGIES = ("ddp", "zero1", "fsdp")
 BN_SYNCS = ("none", "allreduce", "syncbn")
 
 
@@ -32,6 +33,9 @@ class TrainConfig:
     seed: int = option(0, "seeds data, weights and shuffling", minimum=0)
     model: str = option("linear", "linear (the source article's), mlp, or bn (a BatchNorm layer)", choices=MODELS)
     sync: str = option("ddp", "ddp: DistributedDataParallel; manual: all_reduce the gradients by hand", choices=SYNCS)
+    strategy: str = option("ddp", "ddp: every rank holds everything; zero1: DDP with torch's ZeroRedundancyOptimizer "
+                                  "(optimizer state sharded); fsdp: torch's fully_shard (parameters, gradients and "
+                                  "state sharded)", choices=STRATEGIES)
     check_grads: bool = option(False, "assert after every backward that all ranks hold identical gradients")
     grad_accum_steps: int = option(1, "micro-batches per optimizer step; DDP all-reduces only on the last (no_sync)",
                                    minimum=1)
@@ -73,6 +77,7 @@ def validate(cfg: TrainConfig, world_size: int = 1) -> None:
     if cfg.bn_sync != "none" and cfg.model != "bn":
         raise UsageError(f"bn_sync={cfg.bn_sync!r} only means something for model 'bn' (the one with BatchNorm); "
                          f"model {cfg.model!r} has no BatchNorm: drop --bn-sync or use --model bn.")
+    check_strategy(cfg)
     if cfg.resume and Path(cfg.resume).is_dir():
         raise UsageError(f"resume={cfg.resume!r} is a folder; give the checkpoint file a --checkpoint run wrote.")
     if cfg.resume and not Path(cfg.resume).is_file():
@@ -82,6 +87,18 @@ def validate(cfg: TrainConfig, world_size: int = 1) -> None:
     if cfg.samples < world_size:
         raise UsageError(f"samples={cfg.samples} is fewer than world_size={world_size}: some ranks would "
                          "only see padding; use more samples or fewer processes.")
+
+
+def check_strategy(cfg: TrainConfig) -> None:
+    """Refuse what a sharded strategy cannot do: the flags that assume every rank holds the whole model and optimizer."""
+    if cfg.strategy == "ddp":
+        return
+    clash = [name for name, on in (("--sync manual", cfg.sync == "manual"), ("--check-grads", cfg.check_grads),
+                                   ("--bn-sync", cfg.bn_sync != "none"), ("--checkpoint", bool(cfg.checkpoint)),
+                                   ("--resume", bool(cfg.resume))) if on]
+    if clash:
+        raise UsageError(f"--strategy {cfg.strategy} cannot be combined with {' or '.join(clash)} (they assume every "
+                         "rank holds the whole model and optimizer); drop it or use --strategy ddp.")
 
 
 def add_train_flags(parser: argparse.ArgumentParser) -> None:

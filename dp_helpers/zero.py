@@ -47,11 +47,9 @@ def padded(numel: int, world_size: int) -> int:
 
 
 def zero_bytes(units: list[int], world_size: int, stage: int) -> dict:
-    """The ZeRO paper's bytes per rank for fp32 Adam at a stage (0: DDP), for flat units of these sizes (numels).
-
-    Units: stage 0 one per parameter tensor, stages 1-2 one (the whole model), stage 3 one per module. Each unit is
-    padded to a multiple of world_size; Adam adds a 4-byte step counter per tensor it steps (one per unit).
-    """
+    """The ZeRO paper's bytes per rank for fp32 Adam at a stage (0: DDP), for flat units of these sizes (numels)."""
+    # units: stage 0 one per parameter tensor, stages 1-2 one (the whole model), stage 3 one per module; each unit
+    # is padded to a multiple of world_size, and Adam adds a 4-byte step counter per tensor it steps (one per unit)
     numel, chunks = sum(units), [padded(n, world_size) // world_size for n in units]
     full, chunk = 4 * world_size * sum(chunks), 4 * sum(chunks)
     if stage == 0:
@@ -63,8 +61,8 @@ def zero_bytes(units: list[int], world_size: int, stage: int) -> dict:
 
 
 def fsdp2_bytes(shapes: list[torch.Size], world_size: int, rank: int) -> dict:
-    """FSDP2's bytes on `rank` for fp32 Adam: parameters and gradients keep dim-0 shards padded to ceil(rows / W) rows;
-    Adam's state holds the unpadded rows this rank owns, plus a 4-byte step counter per parameter."""
+    """FSDP2's bytes on `rank` for fp32 Adam (dim-0 shards; the state unpadded, plus a step counter per parameter)."""
+    # parameters and gradients keep ceil(rows / W) rows on every rank (padding); Adam's state only the rows it owns
     padded_rows = [-(-s[0] // world_size) * (s.numel() // s[0]) for s in shapes]
     owned = [max(0, min(s[0], (rank + 1) * -(-s[0] // world_size)) - rank * -(-s[0] // world_size)) * (s.numel() // s[0])
              for s in shapes]

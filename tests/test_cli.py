@@ -48,6 +48,8 @@ def test_far_more_cpu_processes_than_cores_needs_a_flag(capsys, tmp_path):
 
 @pytest.mark.parametrize("argv, words", [
     (["--model", "bn", "--bn-sync", "syncbn"], "SyncBatchNorm refuses CPU tensors); use --bn-sync allreduce"),
+    (["--strategy", "fsdp", "--sync", "manual"], "--strategy fsdp cannot be combined with --sync manual"),
+    (["--strategy", "zero1", "--check-grads", "--checkpoint", "c.pt"], "with --check-grads or --checkpoint"),
     (["--bn-sync", "allreduce"], "only means something for model 'bn'"),
 ])
 def test_flags_that_cannot_work_here(capsys, tmp_path, argv, words):

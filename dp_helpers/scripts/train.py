@@ -20,6 +20,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dp_helpers import dist as dph
+from dp_helpers import zero
 from dp_helpers.collectives import (
     GlobalBatchNorm1d,
     assert_identical_across_ranks,
@@ -50,6 +51,8 @@ def prepare_model(cfg: TrainConfig, info: dph.DistInfo):
             raise ValueError("bn_sync 'syncbn' needs GPUs (SyncBatchNorm refuses CPU tensors); use 'allreduce'.")
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = model.to(info.device)
+    if cfg.strategy == "fsdp":
+        return zero.fully_sharded(model)
     if cfg.sync == "ddp":
         return dph.wrap_ddp(model, info)
     for p in model.parameters():
@@ -118,9 +121,34 @@ def divergence(run_dir: Path, epoch_loss: float) -> str | None:
     return None
 
 
-def save_outputs(out: Path, model, summary: dict) -> None:
-    """Rank 0 only: the unwrapped state_dict and the summary, each written whole then renamed into place."""
-    weights = {k: v.cpu() for k, v in dph.unwrap(model).state_dict().items()}
+def strategy_optimizer(model, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """SGD; under zero1 torch's ZeroRedundancyOptimizer around it, so each rank keeps the state of its share only."""
+    if cfg.strategy != "zero1":
+        return make_optimizer(model, cfg.lr, cfg.momentum)
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    return ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD, lr=cfg.lr, momentum=cfg.momentum)
+
+
+def held_per_rank(model, optimizer, info: dph.DistInfo) -> list[dict]:
+    """Every rank's bytes of parameters, gradients and optimizer state (from storages; a collective)."""
+    inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer keeps the real one inside
+    params = list(model.parameters())
+    mine = zero.held_bytes(params, [p.grad for p in params], inner)
+    table = [None] * info.world_size
+    dist.all_gather_object(table, mine)
+    return table
+
+
+def full_weights(model) -> dict:
+    """The unwrapped model's full state_dict on CPU (under fsdp gathered from the shards: every rank must call it)."""
+    if not any(hasattr(t, "full_tensor") for t in model.state_dict().values()):
+        return {k: v.cpu() for k, v in dph.unwrap(model).state_dict().items()}
+    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).cpu() for k, v in model.state_dict().items()}
+
+
+def save_outputs(out: Path, weights: dict, summary: dict) -> None:
+    """Rank 0 only: the full weights and the summary, each written whole then renamed into place."""
     write_atomic(out / "model.pt", lambda tmp: torch.save(weights, tmp))
     write_text_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
 
@@ -133,7 +161,7 @@ def train(cfg: TrainConfig, info: dph.DistInfo) -> dict:
         model.register_comm_hook(comm, counting_hook)
     loader, sampler = make_loader(make_synthetic(cfg.samples, cfg.dim, cfg.seed), cfg.batch_size, info.rank,
                                   info.world_size, cfg.seed)
-    optimizer, losses, start = make_optimizer(model, cfg.lr, cfg.momentum), [], time.perf_counter()
+    optimizer, losses, start = strategy_optimizer(model, cfg), [], time.perf_counter()
     first, step = load_checkpoint(cfg.resume, model, optimizer, info) if cfg.resume else (0, 0)
     last = min(cfg.epochs, cfg.stop_after) if cfg.stop_after else cfg.epochs
     with MetricsWriter(info.run_dir, info.rank, info.world_size) as writer:
@@ -147,8 +175,10 @@ def train(cfg: TrainConfig, info: dph.DistInfo) -> dict:
             if cfg.checkpoint:
                 save_checkpoint(cfg.checkpoint, model, optimizer, epoch + 1, step, cfg.batch_size, info)
     summary = make_summary(cfg, info, step, losses, comm, time.perf_counter() - start)
+    summary["held_bytes"] = held_per_rank(model, optimizer, info)
+    weights = full_weights(model)  # a collective under fsdp: every rank takes part
     if info.is_main:
-        save_outputs(info.run_dir, model, summary)
+        save_outputs(info.run_dir, weights, summary)
     return summary
 
 
