@@ -112,7 +112,7 @@ class ZeroAdam:
         if stage not in (1, 2):
             raise ValueError(f"ZeroAdam implements stages 1 and 2, not {stage!r}.")
         broadcast_state(model)  # every rank starts from rank 0's weights, as DDP does
-        self.stage, self.rank, self.world_size = stage, dist.get_rank(), dist.get_world_size()
+        self.model, self.stage, self.rank, self.world_size = model, stage, dist.get_rank(), dist.get_world_size()
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.flat = Flat([p.detach() for p in self.params], self.world_size)
         for p, view in zip(self.params, self.flat.views, strict=True):
@@ -147,6 +147,10 @@ class ZeroAdam:
     def held(self) -> dict:
         """Bytes this rank holds now (call it after step)."""
         return held_bytes(self.params, [p.grad for p in self.params] + [self.shard.grad], self.adam)
+
+    def full_weights(self) -> list[torch.Tensor]:
+        """Every parameter in full: each rank already holds them (the all-gather after each step)."""
+        return [p.detach() for p in self.params]
 
 
 def free(buffer: torch.Tensor) -> None:
@@ -203,7 +207,7 @@ class Zero3:
 
     def __init__(self, model: nn.Module, **adam):
         broadcast_state(model)
-        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.model, self.rank, self.world_size = model, dist.get_rank(), dist.get_world_size()
         self.sent = {"reduce_scatter": 0, "all_gather": 0}
         self.units = [Unit(m, self) for m in model.modules() if any(True for _ in m.parameters(recurse=False))]
         self.adam = torch.optim.Adam([u.shard for u in self.units], **adam)

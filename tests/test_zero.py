@@ -1,123 +1,52 @@
-"""dp_helpers.zero: ZeRO-1 and ZeRO-2 from scratch equal DDP and one process with Adam; bytes per rank equal the formula."""
+"""dp_helpers.zero and scripts/sharded.py: ZeRO-1/2/3 from scratch, ZeroRedundancyOptimizer and FSDP2 equal DDP and
+one process with Adam, and the bytes each rank holds and hands to collectives equal the formulas."""
 
 import pytest
 import torch
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dp_helpers import zero
-from dp_helpers.scripts.from_scratch import batch, global_batch, weights
-from dp_helpers.training import bce_loss
-
-STEPS = 4
+from dp_helpers.scripts import sharded
 
 
-def mlp(seed: int) -> torch.nn.Module:
-    """Several layers, a bias-free one; tanh (see below)."""
-    # With notebook 04's ReLU MLP one weight's first gradient is -2.9e-9 in one process and -3.0e-9 summed from two
-    # halves; Adam divides by sqrt(v) + eps, so that rounding became a 5e-5 difference in the weight (DDP against one
-    # process, before any sharding). No gradient that close to zero arises here.
-    torch.manual_seed(seed)
-    nn = torch.nn
-    return nn.Sequential(nn.Linear(10, 32), nn.Tanh(), nn.Linear(32, 32, bias=False), nn.Tanh(), nn.Linear(32, 1),
-                         nn.Sigmoid())
-
-
-def adam_train(model, opt, info) -> None:
-    """STEPS Adam steps on this rank's rows; the last step's gradients are kept (what a rank holds between steps)."""
-    for step in range(STEPS):
-        x, y = batch(info, step)
-        opt.zero_grad()
-        bce_loss(model(x), y).backward()
-        opt.step()
-
-
-def sharded(info, stage: int) -> dict:
-    """Train with ZeroAdam from a different start per rank; the weights, the bytes held, the bytes sent."""
-    model = mlp(seed=info.rank)
-    opt = zero.ZeroAdam(model, stage=stage, lr=0.01)
-    adam_train(model, opt, info)
-    return {"weights": weights(model), "held": opt.held(), "sent": opt.sent}
-
-
-def with_ddp(info) -> dict:
-    """The same training under DDP with torch's Adam."""
-    model = DDP(mlp(seed=info.rank))
-    adam_train(model, torch.optim.Adam(model.parameters(), lr=0.01), info)
-    return weights(model)
-
-
-def alone(world_size: int) -> dict:
-    """One process, Adam, the whole global batch."""
-    model = mlp(seed=0)
-    opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    for step in range(STEPS):
-        x, y = global_batch(step, world_size)
-        bce_loss(model(x), y).backward()
-        opt.step()
-        opt.zero_grad()
-    return weights(model)
-
-
-def stage3(info) -> dict:
-    """Train with Zero3 from a different start per rank; full weights gathered, bytes held and sent."""
-    model = mlp(seed=info.rank)
-    opt = zero.Zero3(model, lr=0.01)
-    adam_train(model, opt, info)
-    names = [name for name, _ in model.named_parameters()]
-    full = dict(zip(names, (t.tolist() for t in opt.full_weights()), strict=True))
-    return {"weights": full, "held": opt.held(), "sent": opt.sent}
-
-
-def torch_zero(info) -> dict:
-    """torch's ZeroRedundancyOptimizer (stage 1, whole tensors per rank) around Adam, under DDP."""
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-
-    model = DDP(mlp(seed=info.rank))
-    opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=0.01)
-    adam_train(model, opt, info)
-    grads = [p.grad for p in model.parameters()]
-    return {"weights": weights(model), "held": zero.held_bytes(list(model.parameters()), grads, opt.optim)}
-
-
-def fsdp2(info) -> dict:
-    """torch's fully_shard (FSDP2) with Adam: full weights gathered from the DTensor shards; bytes held."""
-    model = zero.fully_sharded(mlp(seed=info.rank))
-    opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    adam_train(model, opt, info)
-    full = {name: p.full_tensor().tolist() for name, p in model.named_parameters()}  # a collective per parameter
-    return {"weights": full, "held": zero.held_bytes(list(model.parameters()), [p.grad for p in model.parameters()], opt)}
-
-
-def run_all(info) -> dict:
-    return {"zero1": sharded(info, 1), "zero2": sharded(info, 2), "zero3": stage3(info), "ddp": with_ddp(info),
-            "torch zero": torch_zero(info), "fsdp2": fsdp2(info)}
-
-
-def close(a: dict, b: dict) -> None:
-    torch.testing.assert_close({k: torch.tensor(v) for k, v in a.items()}, {k: torch.tensor(v) for k, v in b.items()})
+def experiments(info, argv: list[str]) -> dict:
+    """scripts/sharded.py's experiments on this rank, by name."""
+    args = sharded.parse_args(argv)
+    return {name: sharded.EXPERIMENTS[name](info, args) for name in args.experiment}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
-def test_zero_stages_equal_ddp_and_one_process(pools, world):
-    ranks = pools.get(world).run(run_all)
-    reference = alone(world)
-    model = mlp(0)
-    numel = sum(p.numel() for p in model.parameters())
+def test_every_strategy_equals_ddp_and_one_process(pools, world):
+    # each rank starts from different weights (seed = rank): every strategy must broadcast rank 0's first
+    ranks = pools.get(world).run(experiments, ["--experiment", "weights"])
+    alone = [torch.tensor(w) for w in sharded.alone(world, steps=4)]
+    for rank in ranks:
+        for name, trained in rank["weights"].items():
+            torch.testing.assert_close([torch.tensor(w) for w in trained], alone, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.slow
+def test_bytes_held_and_sent_follow_the_formulas(pools):
+    ranks = pools.get(2).run(experiments, ["--experiment", "memory", "--width", "24", "--depth", "3", "--steps", "2"])
+    model = sharded.mlp(0, width=24, depth=3)
+    shapes = [p.shape for p in model.parameters()]
+    per_tensor = [s.numel() for s in shapes]
     per_module = [sum(p.numel() for p in m.parameters(recurse=False)) for m in model if isinstance(m, torch.nn.Linear)]
+    numel = sum(per_tensor)
     for r, rank in enumerate(ranks):
-        close(rank["ddp"], reference)
-        for name in ("zero1", "zero2", "zero3", "torch zero", "fsdp2"):
-            close(rank[name]["weights"], rank["ddp"])
-        for stage in (1, 2):
-            assert rank[f"zero{stage}"]["held"] == zero.zero_bytes([numel], world, stage)
-            full = 4 * zero.padded(numel, world) * STEPS
-            assert rank[f"zero{stage}"]["sent"] == {"reduce_scatter": full, "all_gather": full}
-        assert rank["zero3"]["held"] == zero.zero_bytes(per_module, world, 3)
-        shapes = [p.shape for p in model.parameters()]
-        assert rank["fsdp2"]["held"] == zero.fsdp2_bytes(shapes, world, r)
-        full = 4 * sum(zero.padded(n, world) for n in per_module) * STEPS
-        assert rank["zero3"]["sent"] == {"reduce_scatter": full, "all_gather": 2 * full + full // STEPS}  # + the final gather
+        got = {name: row["held"] for name, row in rank["memory"].items()}
+        assert got["DDP"] == zero.zero_bytes(per_tensor, 2, 0)  # gradient_as_bucket_view: gradients stored once
+        assert got["ZeRO-1"] == zero.zero_bytes([numel], 2, 1)
+        assert got["ZeRO-2"] == zero.zero_bytes([numel], 2, 2)
+        assert got["ZeRO-3"] == zero.zero_bytes(per_module, 2, 3)
+        assert got["fully_shard"] == zero.fsdp2_bytes(shapes, 2, r)
+        assert got["ZeroRedundancyOptimizer"]["parameters"] == got["DDP"]["parameters"]  # stage 1: parameters whole
+        sent = {name: row["sent_per_step"] for name, row in rank["memory"].items()}
+        flat = 4 * zero.padded(numel, 2)
+        assert sent["DDP"] == {"all_reduce": 4 * numel}
+        assert sent["ZeRO-1"] == sent["ZeRO-2"] == {"reduce_scatter": flat, "all_gather": flat}
+        layers = 4 * sum(zero.padded(n, 2) for n in per_module)
+        assert sent["ZeRO-3"] == {"reduce_scatter": layers, "all_gather": 2 * layers}  # forward and backward
 
 
 def test_the_formula_is_the_papers_16_psi_divided_as_it_says():
@@ -127,6 +56,13 @@ def test_the_formula_is_the_papers_16_psi_divided_as_it_says():
     assert one == 4 * psi + 4 * psi + 8 * psi // n
     assert two == 4 * psi + (4 + 8) * psi // n
     assert three == 16 * psi // n
+
+
+def test_fsdp2_pads_rows_but_not_the_state():
+    shapes = [torch.Size([33, 4]), torch.Size([1])]
+    zero_rank, one_rank = (zero.fsdp2_bytes(shapes, 2, r) for r in (0, 1))
+    assert zero_rank["parameters"] == one_rank["parameters"] == 4 * (17 * 4 + 1)  # 17 of 33 rows, 1 of 1 each
+    assert zero_rank["optimizer state"] == 8 * (17 * 4 + 1) + 8 and one_rank["optimizer state"] == 8 * 16 * 4 + 8
 
 
 def test_flat_views_alias_one_padded_buffer():

@@ -1,0 +1,158 @@
+"""Sharded data parallelism measured: ZeRO-1/2/3 from scratch, ZeroRedundancyOptimizer and FSDP2 next to DDP.
+
+Run with run_ddp("dp_helpers.scripts.sharded", "--experiment", "weights", "memory", world_size=2); rank 0 writes
+<experiment>.json with every rank's result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from dp_helpers import dist as dph
+from dp_helpers import zero
+from dp_helpers.scripts.from_scratch import batch, global_batch
+from dp_helpers.scripts.train import counting_hook
+from dp_helpers.training import bce_loss
+
+
+def mlp(seed: int, width: int = 32, depth: int = 3) -> nn.Module:
+    """Tanh MLP, the second hidden layer without bias, seeded (tanh: see tests/test_zero.py on Adam near zero)."""
+    torch.manual_seed(seed)
+    layers, dim = [], 10
+    for i in range(depth):
+        layers += [nn.Linear(dim, width, bias=i != 1), nn.Tanh()]
+        dim = width
+    return nn.Sequential(*layers, nn.Linear(dim, 1), nn.Sigmoid())
+
+
+class Plain:
+    """DDP or a torch optimizer wrapper: the common face of every strategy (step, zero_grad, held, full weights)."""
+
+    def __init__(self, model: nn.Module, opt):
+        self.model, self.opt, self.comm = model, opt, {"allreduces": 0, "bytes": 0}
+        if isinstance(model, DDP):
+            model.register_comm_hook(self.comm, counting_hook)  # DDP's all-reduce, counting the bytes it hands over
+
+    @property
+    def sent(self) -> dict:
+        """Bytes handed to all_reduce so far (DDP's buckets; FSDP2's collectives are not counted here)."""
+        return {"all_reduce": self.comm["bytes"]} if isinstance(self.model, DDP) else {}
+
+    def step(self) -> None:
+        """The optimizer step."""
+        self.opt.step()
+
+    def zero_grad(self) -> None:
+        """Forget the gradients."""
+        self.opt.zero_grad()
+
+    def held(self) -> dict:
+        """Bytes this rank holds."""
+        params = list(self.model.parameters())
+        return zero.held_bytes(params, [p.grad for p in params], getattr(self.opt, "optim", self.opt))
+
+    def full_weights(self) -> list[torch.Tensor]:
+        """Every parameter in full (a collective for DTensors)."""
+        return [p.full_tensor() if hasattr(p, "full_tensor") else p.detach() for p in self.model.parameters()]
+
+
+def ddp(model: nn.Module, lr: float) -> Plain:
+    """DDP with gradient_as_bucket_view (gradients stored once) and Adam."""
+    wrapped = DDP(model, gradient_as_bucket_view=True)
+    return Plain(wrapped, torch.optim.Adam(wrapped.parameters(), lr=lr))
+
+
+def torch_zero(model: nn.Module, lr: float) -> Plain:
+    """DDP and torch's ZeroRedundancyOptimizer (stage 1; whole tensors assigned to ranks)."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    wrapped = DDP(model, gradient_as_bucket_view=True)
+    return Plain(wrapped, ZeroRedundancyOptimizer(wrapped.parameters(), optimizer_class=torch.optim.Adam, lr=lr))
+
+
+def fsdp2(model: nn.Module, lr: float) -> Plain:
+    """torch's fully_shard (FSDP2) and Adam."""
+    sharded = zero.fully_sharded(model)
+    return Plain(sharded, torch.optim.Adam(sharded.parameters(), lr=lr))
+
+
+STRATEGIES = {"DDP": ddp, "ZeRO-1": lambda m, lr: zero.ZeroAdam(m, stage=1, lr=lr),
+              "ZeRO-2": lambda m, lr: zero.ZeroAdam(m, stage=2, lr=lr), "ZeRO-3": lambda m, lr: zero.Zero3(m, lr=lr),
+              "ZeroRedundancyOptimizer": torch_zero, "fully_shard": fsdp2}
+
+
+def train(strategy, info: dph.DistInfo, steps: int) -> list[float]:
+    """Adam steps on this rank's rows through the strategy's model (gradients of the last step kept); seconds per step."""
+    seconds = []
+    for step in range(steps):
+        start = time.perf_counter()
+        x, y = batch(info, step)
+        strategy.zero_grad()
+        bce_loss(strategy.model(x), y).backward()
+        strategy.step()
+        seconds.append(time.perf_counter() - start)
+    return seconds
+
+
+def weights(info: dph.DistInfo, args) -> dict:
+    """Every strategy from a different start per rank: its full weights after training."""
+    out = {}
+    for name, build in STRATEGIES.items():
+        strategy = build(mlp(seed=info.rank), args.lr)
+        train(strategy, info, args.steps)
+        out[name] = [t.tolist() for t in strategy.full_weights()]
+    return out
+
+
+def memory(info: dph.DistInfo, args) -> dict:
+    """Every strategy on a wider MLP: bytes held after a step, bytes handed to collectives per step, median step time."""
+    out = {}
+    for name, build in STRATEGIES.items():
+        strategy = build(mlp(seed=0, width=args.width, depth=args.depth), args.lr)
+        seconds = train(strategy, info, args.steps)
+        out[name] = {"held": strategy.held(), "sent_per_step": {k: v // args.steps for k, v in strategy.sent.items()},
+                     "seconds": statistics.median(seconds[1:])}
+    return out
+
+
+def alone(world_size: int, steps: int, lr: float = 0.01) -> list[list]:
+    """The reference: one process, Adam, rank 0's start, the whole global batch at every step."""
+    model = mlp(seed=0)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    for step in range(steps):
+        x, y = global_batch(step, world_size)
+        opt.zero_grad()
+        bce_loss(model(x), y).backward()
+        opt.step()
+    return [p.tolist() for p in model.parameters()]
+
+
+EXPERIMENTS = {"weights": weights, "memory": memory}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Which experiments, and their settings."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--experiment", choices=sorted(EXPERIMENTS), nargs="+", required=True)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--width", type=int, default=256, help="the memory experiment's hidden width")
+    parser.add_argument("--depth", type=int, default=4, help="the memory experiment's hidden layers")
+    return parser.parse_args(argv)
+
+
+def main(info: dph.DistInfo) -> None:
+    """Run the chosen experiments on every rank; rank 0 writes <experiment>.json for each."""
+    args = parse_args()
+    for name in args.experiment:
+        dph.gather_to_file(info, EXPERIMENTS[name](info, args), f"{name}.json")
+
+
+if __name__ == "__main__":
+    dph.worker(main)
