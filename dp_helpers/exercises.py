@@ -20,6 +20,7 @@ from .data import chunk_sizes, sampler_indices
 from .dataparallel import replication_bytes
 from .mini_ddp import assign_buckets
 from .training import bce_loss, train_step
+from .zero import Flat, zero_bytes
 
 # the value each numeric exercise expects: computed by the package where it holds the rule, a literal where the
 # answer is a word or a limit taken in the notebook's own prose
@@ -33,10 +34,11 @@ ANSWERS = {
     "02 mean of shard means is the batch loss": lambda: _mean_of_means_is_batch_loss(),
     "04 all-reduces per step for 4,1,1,4,0.5 MiB at 5": lambda: len(assign_buckets([x * 2**20 for x in (0.5, 4, 1, 1, 4)],
                                                                                    5 * 2**20)),
+    "06 GB per rank for 1e9 parameters, ZeRO-2 on 8": lambda: (sum(zero_bytes([10**9], 8, 2).values()) - 4) / 1e9,
     "05 evaluated and repeated for 10 on 4": lambda: {"evaluated": sum(map(len, sampler_indices(10, 4, shuffle=False))),
                                                    "twice": _repeat(sampler_indices(10, 4, shuffle=False))["samples"]},
-    "06 efficiency when t_comm grows": lambda: "lower",
-    "06 DataParallel emulation limit at f = 1/3": lambda: 1.5,
+    "07 efficiency when t_comm grows": lambda: "lower",
+    "07 DataParallel emulation limit at f = 1/3": lambda: 1.5,
 }
 
 
@@ -155,6 +157,18 @@ def check_buckets(fn) -> Verdict:
                             lambda a: f"sizes={a[0][:6]}{'...' if len(a[0]) > 6 else ''}, cap={a[1]}")
 
 
+def flat_chunk(numel: int, world_size: int, rank: int) -> tuple[int, int]:
+    """The reference of notebook 06's exercise: the [start, stop) of a numel-long tensor that rank owns (padding excluded)."""
+    size = Flat([torch.zeros(numel)], world_size).size
+    return min(numel, rank * size), min(numel, (rank + 1) * size)
+
+
+def check_chunk(fn) -> Verdict:
+    """Notebook 06: fn(numel, world_size, rank) -> (start, stop) of the values rank owns in the padded flat buffer."""
+    cases = [(n, w, r) for n in (1, 5, 8, 10, 33, 100) for w in (1, 2, 3, 4, 8) for r in range(w)]
+    return compare_function(fn, flat_chunk, cases, lambda a: f"numel={a[0]}, world_size={a[1]}, rank={a[2]}")
+
+
 class RecordingNoSync:
     """A stand-in for DDP's model.no_sync that records which forwards ran inside it."""
 
@@ -201,12 +215,12 @@ def check_accumulate(fn) -> Verdict:
 
 
 def naive_ring_time(bytes_: float, world_size: int, latency: float, bandwidth: float) -> float:
-    """The reference answer of notebook 06's exercise: W-1 hops, each a latency plus the whole tensor."""
+    """The reference answer of notebook 07's exercise: W-1 hops, each a latency plus the whole tensor."""
     return (world_size - 1) * (latency + bytes_ / bandwidth)
 
 
 def check_naive_ring_time(fn) -> Verdict:
-    """Notebook 06: fn(bytes, world_size, latency, bandwidth) -> the naive ring's alpha-beta time in seconds."""
+    """Notebook 07: fn(bytes, world_size, latency, bandwidth) -> the naive ring's alpha-beta time in seconds."""
     cases = list(itertools.product((0, 4, 4e6, 1e9), (2, 3, 8), (0.0, 2e-5), (1e9, 25e9)))
     return compare_function(fn, naive_ring_time, cases,
                             lambda a: f"bytes={a[0]:g}, world_size={a[1]}, latency={a[2]}, bandwidth={a[3]:g}",

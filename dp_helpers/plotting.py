@@ -323,3 +323,20 @@ def plot_efficiency_vs_batch(result: dict, ax=None):
            title="more compute per step hides the all-reduce")
     ax.legend(fontsize="small")
     return ax
+
+
+def plot_memory_per_rank(held: dict, predicted: dict | None = None, ax=None):
+    """A stacked bar per strategy: parameters, gradients, optimizer state (KiB); the formula's total as a marker."""
+    ax = _get_ax(ax)
+    names, bottom = list(held), [0.0] * len(held)
+    for i, part in enumerate(("parameters", "gradients", "optimizer state")):
+        values = [held[n][part] / 2**10 for n in names]
+        ax.bar(range(len(names)), values, bottom=bottom, color=f"C{i}", label=part)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    if predicted:
+        xs = [i for i, n in enumerate(names) if n in predicted]
+        ax.plot(xs, [sum(predicted[names[i]].values()) / 2**10 for i in xs], "k_", markersize=30, label="formula")
+    ax.set_xticks(range(len(names)), names, rotation=15)
+    ax.set_ylabel("KiB held by one rank")
+    ax.legend(fontsize="small")
+    return ax

@@ -1,4 +1,4 @@
-"""Sharded data parallelism built from scratch: ZeRO-1, -2 and -3 around Adam, with exact bytes per rank (issue #14's notebook).
+"""Sharded data parallelism built from scratch: ZeRO-1, -2 and -3 around Adam, with exact bytes per rank (notebook 06).
 
 - `held_bytes`: what a rank holds, counted from storages (a view or a padded shard counts what it really keeps).
 - `zero_bytes`: the ZeRO paper's arithmetic for fp32 Adam (4 bytes of parameter, 4 of gradient, 8 of state per

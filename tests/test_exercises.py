@@ -16,8 +16,9 @@ RIGHT = {
     "03 naive and ring MB for 100 MB on 8": {"ring": 175.0, "naive": 700.0},
     "04 all-reduces per step for 4,1,1,4,0.5 MiB at 5": 2,  # last layer first: [0.5, 4, 1] and [1, 4]
     "05 evaluated and repeated for 10 on 4": {"evaluated": 12, "twice": [0, 1]},
-    "06 efficiency when t_comm grows": "lower",
-    "06 DataParallel emulation limit at f = 1/3": 1.5,
+    "06 GB per rank for 1e9 parameters, ZeRO-2 on 8": 5.5,  # 4 bytes of parameters + (4 + 8) / 8 bytes, per parameter
+    "07 efficiency when t_comm grows": "lower",
+    "07 DataParallel emulation limit at f = 1/3": 1.5,
 }
 
 
@@ -104,6 +105,11 @@ def buckets_below_cap(sizes, cap):
     return out
 
 
+def chunk(numel, world_size, rank):
+    size = -(-numel // world_size)
+    return min(numel, rank * size), min(numel, rank * size + size)
+
+
 def not_written(*args):
     raise NotImplementedError
 
@@ -115,6 +121,7 @@ def not_written(*args):
     (ex.check_accumulate, accumulate, accumulate_forward_outside, "inside no_sync"),
     (ex.check_accumulate, accumulate, accumulate_no_division, "divide each loss by k"),
     (ex.check_buckets, buckets, buckets_below_cap, "expected"),
+    (ex.check_chunk, chunk, lambda n, w, r: (r * n // w, (r + 1) * n // w), "expected"),
     (ex.check_naive_ring_time, ex.naive_ring_time, lambda b, w, a, bw: 2 * (w - 1) * (a + b / w / bw), "expected"),
 ])
 def test_function_checkers_both_ways(checker, right, wrong, words, capsys):

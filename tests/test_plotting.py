@@ -76,6 +76,29 @@ def test_bucket_sweep_labels_the_default_cap():
     plt.close("all")
 
 
+def test_bucket_sweep_draws_a_line_per_wrapper():
+    from dp_helpers.plotting import plot_bucket_sweep
+
+    rows = [{"bucket_cap_mb": 1.0, "allreduces_per_step": 2.0, "step_seconds": {"MiniDDP": 0.02, "DDP": 0.01}}]
+    ax = plot_bucket_sweep(rows)
+    right = ax.figure.axes[1]
+    assert [line.get_label().split(" (")[0] for line in right.get_lines()] == ["MiniDDP", "DDP"]
+    assert [line.get_ydata()[0] for line in right.get_lines()] == [20.0, 10.0]  # ms
+    plt.close("all")
+
+
+def test_memory_bars_stack_the_three_parts_in_kib():
+    from dp_helpers.plotting import plot_memory_per_rank
+
+    held = {"DDP": {"parameters": 1024, "gradients": 1024, "optimizer state": 2048},
+            "ZeRO-3": {"parameters": 512, "gradients": 512, "optimizer state": 1024}}
+    ax = plot_memory_per_rank(held, {"DDP": held["DDP"]})
+    assert [round(p.get_height(), 3) for p in ax.patches] == [1.0, 0.5, 1.0, 0.5, 2.0, 1.0]
+    assert [round(p.get_y(), 3) for p in ax.patches][4:] == [2.0, 1.0]  # state on top of parameters + gradients
+    assert list(ax.get_lines()[0].get_ydata()) == [4.0]  # the formula's total, DDP only
+    plt.close("all")
+
+
 def test_plot_run_colours_ranks_apart_and_draws_epoch_means(tmp_path):
     from matplotlib.figure import Figure
 

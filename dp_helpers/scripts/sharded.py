@@ -1,4 +1,4 @@
-"""Sharded data parallelism measured: ZeRO-1/2/3 from scratch, ZeroRedundancyOptimizer and FSDP2 next to DDP.
+"""Sharded data parallelism measured: ZeRO-1/2/3 from scratch, ZeroRedundancyOptimizer and FSDP2 next to DDP (notebook 06).
 
 Run with run_ddp("dp_helpers.scripts.sharded", "--experiment", "weights", "memory", world_size=2); rank 0 writes
 <experiment>.json with every rank's result.
@@ -121,6 +121,14 @@ def memory(info: dph.DistInfo, args) -> dict:
     return out
 
 
+def dtensors(info: dph.DistInfo, args) -> list[dict]:
+    """What fully_shard made of each parameter on this rank: a DTensor, its placement, global and local shapes."""
+    model = zero.fully_sharded(mlp(seed=0))
+    return [{"name": name, "type": type(p).__name__, "placements": str(p.placements), "global": list(p.shape),
+             "local": list(p.to_local().shape), "stored rows": p.to_local().untyped_storage().nbytes() // 4
+             // max(1, p.shape[1:].numel())} for name, p in model.named_parameters()]
+
+
 def alone(world_size: int, steps: int, lr: float = 0.01) -> list[list]:
     """The reference: one process, Adam, rank 0's start, the whole global batch at every step."""
     model = mlp(seed=0)
@@ -133,7 +141,7 @@ def alone(world_size: int, steps: int, lr: float = 0.01) -> list[list]:
     return [p.tolist() for p in model.parameters()]
 
 
-EXPERIMENTS = {"weights": weights, "memory": memory}
+EXPERIMENTS = {"weights": weights, "memory": memory, "dtensors": dtensors}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
