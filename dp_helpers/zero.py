@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils._pytree import tree_leaves
 
 from .mini_ddp import broadcast_state
 
@@ -74,6 +75,8 @@ class Flat:
     """Tensors copied into one buffer padded to a multiple of world_size; `views` alias it, `chunk(r)` is rank r's part."""
 
     def __init__(self, tensors: list[torch.Tensor], world_size: int):
+        if len({(t.dtype, t.device) for t in tensors}) > 1:
+            raise ValueError("a flat buffer holds tensors of one dtype on one device.")
         self.shapes = [t.shape for t in tensors]
         self.size = padded(sum(t.numel() for t in tensors), world_size) // world_size
         self.buffer = torch.zeros(self.size * world_size, dtype=tensors[0].dtype, device=tensors[0].device)
@@ -125,7 +128,8 @@ class ZeroAdam:
         """Reduce-scatter the gradients, step this rank's chunk, all-gather the parameters."""
         full = torch.zeros_like(self.flat.buffer)
         for p, view in zip(self.params, self.flat.views_of(full), strict=True):
-            view.copy_(p.grad)
+            if p.grad is not None:  # an unused parameter contributes zeros
+                view.copy_(p.grad)
         self.shard.grad = torch.empty_like(self.shard)
         reduce_scatter_flat(self.shard.grad, full)
         self.shard.grad.div_(self.world_size)  # the mean gradient of this chunk, as DDP's all-reduce gives
@@ -165,28 +169,35 @@ class Unit:
         self.owner, self.params = owner, list(module.parameters(recurse=False))
         self.flat = Flat([p.detach() for p in self.params], owner.world_size)
         self.shard = nn.Parameter(self.flat.chunk(owner.rank).clone())  # its own storage: the only copy kept
-        for p, view in zip(self.params, self.flat.views, strict=True):
-            p.data = view
-            p.register_post_accumulate_grad_hook(self.grad_ready)
         self.nbytes, self.ready = self.flat.buffer.untyped_storage().nbytes(), 0
-        free(self.flat.buffer)
+        for p in self.params:
+            p.register_post_accumulate_grad_hook(self.grad_ready)
+        self.release()
         module.register_forward_pre_hook(lambda *_: self.gather())
         module.register_forward_hook(self.after_forward)
 
     def gather(self) -> None:
-        """Refill the full parameters from every rank's chunk."""
+        """Refill the full parameters from every rank's chunk (nothing to do if they are there already)."""
+        if self.flat.buffer.untyped_storage().nbytes() == self.nbytes:
+            return
         self.flat.buffer.untyped_storage().resize_(self.nbytes)
         all_gather_flat(self.flat.buffer, self.shard.detach())
         self.owner.sent["all_gather"] += self.nbytes
+        for p, view in zip(self.params, self.flat.views, strict=True):
+            p.data = view  # the module computes with the full parameters
 
     def after_forward(self, module, args, out):
         """Free the parameters; gather them again just before this module's backward needs them."""
-        free(self.flat.buffer)
-        if out.requires_grad:
-            out.register_hook(lambda grad: self.gather())  # runs before the gradient reaches this module's backward
+        needed = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
+        if not needed:  # no backward will come (no_grad, eval): nothing keeps the parameters
+            self.release()
+            return
+        free(self.flat.buffer)  # the parameters stay views of the empty storage: autograd saved them
+        for t in needed:
+            t.register_hook(lambda grad: self.gather())  # before the gradient reaches this module's backward
 
     def grad_ready(self, param: nn.Parameter) -> None:
-        """Once every gradient of the unit is in: reduce-scatter them into this rank's chunk, free the rest."""
+        """Once every gradient of the unit is in: reduce-scatter them into this rank's chunk (added to any there)."""
         self.ready += 1
         if self.ready < len(self.params):
             return
@@ -194,18 +205,29 @@ class Unit:
         for p, view in zip(self.params, self.flat.views_of(full), strict=True):
             view.copy_(p.grad)
             p.grad = None
-        self.shard.grad = torch.empty_like(self.shard)
-        reduce_scatter_flat(self.shard.grad, full)
-        self.shard.grad.div_(self.owner.world_size)
+        mine = torch.empty_like(self.shard)
+        reduce_scatter_flat(mine, full)
+        mine.div_(self.owner.world_size)
+        self.shard.grad = mine if self.shard.grad is None else self.shard.grad.add_(mine)  # accumulation: the sum
         self.owner.sent["reduce_scatter"] += self.nbytes
         self.ready = 0
+        self.release()
+
+    def release(self) -> None:
+        """Free the full parameters; outside a forward or backward they are empty tensors (printing them is safe)."""
         free(self.flat.buffer)
+        for p in self.params:
+            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
 
 
 class Zero3:
     """ZeRO stage 3 from scratch: each module's parameters live as 1/W chunks, gathered for its forward and its backward."""
 
     def __init__(self, model: nn.Module, **adam):
+        params = list(model.parameters())
+        if not all(p.requires_grad for p in params) or len({id(p) for p in params}) < sum(
+                len(list(m.parameters(recurse=False))) for m in model.modules()):
+            raise ValueError("Zero3 trains every parameter, each owned by one module: no frozen or shared (tied) ones.")
         broadcast_state(model)
         self.model, self.rank, self.world_size = model, dist.get_rank(), dist.get_world_size()
         self.sent = {"reduce_scatter": 0, "all_gather": 0}
@@ -231,7 +253,7 @@ class Zero3:
         for u in self.units:
             u.gather()
             out += [p.detach().clone() for p in u.params]
-            free(u.flat.buffer)
+            u.release()
         return out
 
 

@@ -23,23 +23,19 @@ while True:
     time.sleep(0.1)
 """
 
+# the package's shape (worker: @record, and a failing rank exits at once): a script that destroys its group in a
+# `finally` first lets rank 0 fail and torchrun SIGTERM rank 1 before it exits (seen under load: exit code -15)
 CRASH = """
 import torch, torch.distributed as dist
-from torch.distributed.elastic.multiprocessing.errors import record
 from dp_helpers import dist as dph
 
-@record
-def main():
-    info = dph.setup()
-    try:
-        for step in range(10_000):
-            if info.rank == 1 and step == 3:
-                raise ValueError("boom on rank 1 at step 3")
-            dist.all_reduce(torch.ones(1))  # rank 0 waits here for rank 1
-    finally:
-        dph.teardown()
+def main(info):
+    for step in range(10_000):
+        if info.rank == 1 and step == 3:
+            raise ValueError("boom on rank 1 at step 3")
+        dist.all_reduce(torch.ones(1))  # rank 0 waits here for rank 1
 
-main()
+dph.worker(main)
 """
 
 # Started like a notebook kernel would: run_ddp in the main thread of its own Python process.
