@@ -1,8 +1,9 @@
 """Sharded data parallelism built from scratch: ZeRO-1, -2 and -3 around Adam, with exact bytes per rank (notebook 06).
 
 - `held_bytes`: what a rank holds, counted from storages (a view or a padded shard counts what it really keeps).
-- `zero_bytes`: the ZeRO paper's arithmetic for fp32 Adam (4 bytes of parameter, 4 of gradient, 8 of state per
-  parameter: 16 Ψ in all), per stage, with the padding a flat buffer split into world_size equal shards needs.
+- `zero_bytes`: the fp32 analogue of the ZeRO paper's arithmetic (the paper's is for mixed precision, 2 + 2 + 12):
+  4 bytes of parameter, 4 of gradient, 8 of Adam state per parameter, 16 Ψ in all, divided per stage, with the
+  padding a flat buffer split into world_size equal shards needs.
 - `Flat`: tensors laid out in one buffer padded to a multiple of world_size; rank r owns chunk r.
 - `ZeroAdam(model, stage=1|2)`: every rank keeps full parameters; Adam's state exists only for its own chunk;
   gradients are reduce-scattered (each rank receives the sum of its chunk), the chunk is stepped, and an all-gather
@@ -48,7 +49,7 @@ def padded(numel: int, world_size: int) -> int:
 
 
 def zero_bytes(units: list[int], world_size: int, stage: int) -> dict:
-    """The ZeRO paper's bytes per rank for fp32 Adam at a stage (0: DDP), for flat units of these sizes (numels)."""
+    """Bytes per rank for fp32 Adam at a ZeRO stage (0: DDP), for flat units of these sizes (numels)."""
     # units: stage 0 one per parameter tensor, stages 1-2 one (the whole model), stage 3 one per module; each unit
     # is padded to a multiple of world_size, and Adam adds a 4-byte step counter per tensor it steps (one per unit)
     numel, chunks = sum(units), [padded(n, world_size) // world_size for n in units]

@@ -89,8 +89,9 @@ def test_zero3_accumulates_releases_and_refuses(pools):
     assert len(out["refused"]) == 2 and all("no frozen or shared" in r for r in out["refused"])
 
 
-def test_the_formula_is_the_papers_16_psi_divided_as_it_says():
+def test_the_formula_is_the_fp32_analogue_of_the_papers():
     psi, n = 1200, 4  # divisible: no padding; minus Adam's 4-byte step counter per stepped tensor
+    # the paper (mixed precision): 4 + 12/N, 2 + 14/N, 16/N; in fp32 the 16 bytes split 4 + 4 + 8 instead
     ddp, one, two, three = (sum(zero.zero_bytes([psi], n, s).values()) - 4 for s in (0, 1, 2, 3))
     assert ddp == 16 * psi
     assert one == 4 * psi + 4 * psi + 8 * psi // n
