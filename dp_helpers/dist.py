@@ -181,6 +181,12 @@ def print0(info: DistInfo, *args, **kwargs) -> None:
         print(*args, flush=True, **kwargs)
 
 
+def run_experiments(info: DistInfo, experiments: dict, names: list[str], args) -> None:
+    """Run each named experiment(info, args) on every rank; rank 0 writes <name>.json with every rank's result."""
+    for name in names:
+        gather_to_file(info, experiments[name](info, args), f"{name}.json")
+
+
 def gather_to_file(info: DistInfo, mine, filename: str) -> list | None:
     """Every rank hands in `mine`; rank 0 writes the list of all ranks' values as JSON into the run folder."""
     table = [None] * info.world_size

@@ -231,8 +231,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(info: dph.DistInfo) -> None:
     """Run the chosen experiments on every rank; rank 0 writes <experiment>.json for each."""
     args = parse_args()
-    for name in args.experiment:
-        dph.gather_to_file(info, EXPERIMENTS[name](info, args), f"{name}.json")
+    dph.run_experiments(info, EXPERIMENTS, args.experiment, args)
 
 
 if __name__ == "__main__":
