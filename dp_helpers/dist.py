@@ -181,7 +181,7 @@ def print0(info: DistInfo, *args, **kwargs) -> None:
         print(*args, flush=True, **kwargs)
 
 
-def run_experiments(info: DistInfo, experiments: dict, names: list[str], args) -> None:
+def write_experiments(info: DistInfo, experiments: dict, names: list[str], args) -> None:
     """Run each named experiment(info, args) on every rank; rank 0 writes <name>.json with every rank's result."""
     for name in names:
         gather_to_file(info, experiments[name](info, args), f"{name}.json")

@@ -204,7 +204,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(info: dph.DistInfo) -> None:
     """Run the chosen experiments on every rank; rank 0 writes <experiment>.json for each."""
     args = parse_args()
-    dph.run_experiments(info, EXPERIMENTS, args.experiment, args)  # several in one launch: one start-up
+    dph.write_experiments(info, EXPERIMENTS, args.experiment, args)  # several in one launch: one start-up
 
 
 if __name__ == "__main__":

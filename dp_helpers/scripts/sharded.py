@@ -163,7 +163,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(info: dph.DistInfo) -> None:
     """Run the chosen experiments on every rank; rank 0 writes <experiment>.json for each."""
     args = parse_args()
-    dph.run_experiments(info, EXPERIMENTS, args.experiment, args)
+    dph.write_experiments(info, EXPERIMENTS, args.experiment, args)
 
 
 if __name__ == "__main__":
