@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing.util
 import os
+import re
 import subprocess
 import textwrap
 import time
@@ -20,6 +21,23 @@ REPO = Path(__file__).resolve().parent.parent
 SPREAD = {"test_launch_runs.py", "test_cli.py"}
 
 
+LAUNCH = re.compile(r"\brun_\w+\(|\blaunch")  # run_ddp(, run_train(, a notebook's own launch helper ...
+
+
+def launches(path: Path) -> int:
+    """Code cells of a notebook that launch processes: its share of the suite's time, roughly."""
+    import nbformat
+
+    return sum(bool(LAUNCH.search(c.source)) for c in nbformat.read(path, 4).cells if c.cell_type == "code")
+
+
+def running_order(items) -> None:
+    """Longest first, so no worker starts a long notebook while the other runs out of work: notebooks by their
+    launches, then test files, then SPREAD's independent tests, which fill the gaps at the end."""
+    cost = {p: launches(p) for p in {i.path for i in items if i.path.suffix == ".ipynb"}}
+    items.sort(key=lambda i: (0, -cost[i.path]) if i.path in cost else (1 + (i.path.name in SPREAD), 0))
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(items):
     """Notebook cells are slow (a kernel, often torchrun); every file but SPREAD runs whole on one worker."""
@@ -28,6 +46,7 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.slow)
         if item.path.name not in SPREAD:  # a notebook's cells share one kernel; module fixtures run once
             item.add_marker(pytest.mark.xdist_group(item.path.name))
+    running_order(items)  # sort is stable: a notebook's cells keep their order
 
 
 @pytest.fixture(autouse=True)
