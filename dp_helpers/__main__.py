@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from .checks import UsageError
-from .config import add_train_flags, config_from_args, shard_plan, validate
+from .config import add_train_flags, config_from_args, shard_plan, train_samples, validate
 from .env import BACKENDS
 
 
@@ -27,6 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--out", default=None, help="run folder, new or empty (default: a new one under runs/)")
     train.add_argument("--timeout", type=float, default=None,
                        help="seconds before the run is stopped (default: no limit)")
+    train.add_argument("--max-restarts", type=int, default=0,
+                       help="times torchrun may start the whole group again after a rank dies; with --checkpoint the "
+                            "job resumes from its last snapshot")
     train.add_argument("--oversubscribe", action="store_true",
                        help="allow a world size far above the CPU cores (more than max(8, 4 x cores) processes)")
     sub.add_parser("doctor", help="what this machine can do and what train would pick")
@@ -54,7 +57,11 @@ def flag_rows(command: str = "train") -> list[tuple[str, str, str]]:
         flag = " / ".join(f"`{s}`" for s in action.option_strings if s.startswith("--"))
         if action.choices:
             flag = flag[:-1] + " {" + ",".join(map(str, action.choices)) + "}`"
-        default = {False: "off", True: "on", None: "see meaning", "": "none"}.get(action.default, f"`{action.default}`")
+        default = action.default
+        if isinstance(default, bool):  # checked first: 0 == False and 1 == True would match a dict lookup
+            default = "on" if default else "off"
+        else:
+            default = {None: "see meaning", "": "none"}.get(default, f"`{default}`")
         rows.append((flag, default, action.help.replace("|", "/")))
     return rows
 
@@ -86,7 +93,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def progress_steps(cfg, world_size: int) -> int | None:
     """Optimizer steps rank 0 will log in this run (one metrics line each), to size the progress bar."""
-    plan = shard_plan(cfg.samples, world_size, cfg.batch_size, cfg.grad_accum_steps)
+    plan = shard_plan(train_samples(cfg), world_size, cfg.batch_size, cfg.grad_accum_steps)
     last, first = (min(cfg.epochs, cfg.stop_after) if cfg.stop_after else cfg.epochs), 0
     if cfg.resume:  # torch is imported only when resuming
         from .training import check_resume
@@ -109,15 +116,24 @@ def check_machine(args: argparse.Namespace, cfg, world_size: int) -> None:
                          f"use at most {limit}, or pass --oversubscribe if you mean it.")
 
 
+def check_restarts(max_restarts: int, cfg) -> None:
+    """Refuse --max-restarts below 0, or above 0 without --checkpoint (a restarted group would start from scratch)."""
+    from .checks import check_int
+
+    check_int("max_restarts", max_restarts, 0)
+    if max_restarts and not cfg.checkpoint:
+        raise UsageError(f"--max-restarts {max_restarts} needs --checkpoint FILE: a restarted group resumes from the last "
+                         "snapshot, and without one it would start over from epoch 1.")
+
+
 def stopped_summary(run_dir: Path, cfg, reason: str) -> None:
     """After a run was stopped: summary.json says so, and how far it got (what finished stays in the folder)."""
-    from .metrics import metrics_dir
+    from .metrics import MetricsTail, metrics_dir
     from .runs import write_text_atomic
 
     if run_dir is None or (run_dir / "summary.json").exists():
         return
-    rank0 = metrics_dir(run_dir) / "rank0.jsonl"
-    steps = len(rank0.read_text(encoding="utf-8").splitlines()) if rank0.exists() else 0
+    steps = MetricsTail(metrics_dir(run_dir) / "rank0.jsonl").new_lines()  # complete lines, a restart's redone steps once
     write_text_atomic(run_dir / "summary.json", json.dumps(
         {"status": "stopped", "reason": reason, "config": cfg.as_dict(), "steps_logged_by_rank_0": steps,
          "checkpoint": cfg.checkpoint or None}, indent=2) + "\n")
@@ -139,10 +155,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     world_size = plan_world_size(args.world_size, args.backend)
     validate(cfg, world_size)
     check_machine(args, cfg, world_size)
+    check_restarts(args.max_restarts, cfg)
     try:
         result = run_ddp("dp_helpers.scripts.train", *cfg.as_args(), world_size=world_size,
                          backend=args.backend, out_dir=args.out, timeout=args.timeout,
-                         progress=progress_steps(cfg, world_size))
+                         progress=progress_steps(cfg, world_size), max_restarts=args.max_restarts)
     except RunTimeoutError as exc:
         stopped_summary(exc.run_dir, cfg, f"--timeout {args.timeout:g} s")
         raise RunTimeoutError(f"{exc}\nThe run folder keeps what finished ({exc.run_dir}); raise --timeout, or leave it "

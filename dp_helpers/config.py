@@ -9,7 +9,9 @@ from pathlib import Path
 
 from .checks import UsageError, check_choice, check_int, check_positive_number
 
-MODELS = ("linear", "mlp", "bn")
+MODELS = ("linear", "mlp", "bn", "cnn")
+DATA = ("synthetic", "digits")
+DIGITS_TRAIN, DIGITS_HELD_OUT = 1500, 297  # scikit-learn's 1,797 digits, split once: 1,500 divide evenly over 1-6 ranks
 SYNCS = ("ddp", "manual")
 STRATEGIES = ("ddp", "zero1", "fsdp")
 BN_SYNCS = ("none", "allreduce", "syncbn")
@@ -31,7 +33,11 @@ class TrainConfig:
     samples: int = option(100, "synthetic samples", minimum=1)
     dim: int = option(10, "features per sample", minimum=1)
     seed: int = option(0, "seeds data, weights and shuffling", minimum=0)
-    model: str = option("linear", "linear (the source article's), mlp, or bn (a BatchNorm layer)", choices=MODELS)
+    data: str = option("synthetic", "synthetic: the source article's random features and 0/1 labels; digits: "
+                                    "scikit-learn's bundled 8x8 handwritten digits (1,500 to train, 297 held out)",
+                       choices=DATA)
+    model: str = option("linear", "linear (the source article's), mlp, bn (a BatchNorm layer); cnn with --data digits",
+                        choices=MODELS)
     sync: str = option("ddp", "ddp: DistributedDataParallel; manual: all_reduce the gradients by hand", choices=SYNCS)
     strategy: str = option("ddp", "ddp: every rank holds everything; zero1: DDP with torch's ZeroRedundancyOptimizer "
                                   "(optimizer state sharded); fsdp: torch's fully_shard (parameters, gradients and "
@@ -43,9 +49,12 @@ class TrainConfig:
     momentum: float = option(0.0, "SGD momentum: optimizer state that a checkpoint must carry")
     bn_sync: str = option("none", "with --model bn: per-rank statistics (none), an all-reduce by hand, or "
                                   "SyncBatchNorm (GPUs)", choices=BN_SYNCS)
-    checkpoint: str = option("", "save model, optimizer and epoch here after every epoch (rank 0)")
+    checkpoint: str = option("", "after every epoch rank 0 saves model, optimizer, epoch and history here (written "
+                                 "whole, then renamed into place); a restart resumes from it")
     resume: str = option("", "continue from this checkpoint (every rank loads it)")
     stop_after: int = option(0, "stop after this many epochs, as if interrupted (0: never)", minimum=0)
+    fail_at: str = option("", "EPOCH:RANK: that rank kills itself (SIGKILL) halfway through that epoch (1-based), "
+                              "once: a fault for --max-restarts to survive")
 
     def as_args(self) -> list[str]:
         """The fields that differ from the defaults, as worker command-line flags (a True bool is a bare flag)."""
@@ -78,15 +87,51 @@ def validate(cfg: TrainConfig, world_size: int = 1) -> None:
         raise UsageError(f"bn_sync={cfg.bn_sync!r} only means something for model 'bn' (the one with BatchNorm); "
                          f"model {cfg.model!r} has no BatchNorm: drop --bn-sync or use --model bn.")
     check_strategy(cfg)
+    check_data(cfg)
+    if cfg.fail_at:
+        fault(cfg, world_size)
+    check_paths(cfg)
+    if train_samples(cfg) < world_size:
+        raise UsageError(f"samples={cfg.samples} is fewer than world_size={world_size}: some ranks would "
+                         "only see padding; use more samples or fewer processes.")
+
+
+def check_paths(cfg: TrainConfig) -> None:
+    """Refuse a --resume file that is missing or a folder, and a --checkpoint whose folder does not exist."""
     if cfg.resume and Path(cfg.resume).is_dir():
         raise UsageError(f"resume={cfg.resume!r} is a folder; give the checkpoint file a --checkpoint run wrote.")
     if cfg.resume and not Path(cfg.resume).is_file():
         raise UsageError(f"resume={cfg.resume!r}: no such checkpoint file; give the path a --checkpoint run wrote.")
     if cfg.checkpoint and not Path(cfg.checkpoint).resolve().parent.is_dir():
         raise UsageError(f"checkpoint={cfg.checkpoint!r}: its folder does not exist; create it first.")
-    if cfg.samples < world_size:
-        raise UsageError(f"samples={cfg.samples} is fewer than world_size={world_size}: some ranks would "
-                         "only see padding; use more samples or fewer processes.")
+
+
+def train_samples(cfg: TrainConfig) -> int:
+    """Training samples per epoch: --samples for the synthetic data, the fixed training split for digits."""
+    return DIGITS_TRAIN if cfg.data == "digits" else cfg.samples
+
+
+def check_data(cfg: TrainConfig) -> None:
+    """Refuse a model that does not fit the data, and flags that describe synthetic data only."""
+    if (cfg.data == "digits") != (cfg.model == "cnn"):
+        raise UsageError(f"--data {cfg.data} and --model {cfg.model} do not fit: digits needs --model cnn (10 classes, "
+                         "cross-entropy) and cnn needs --data digits (8x8 images); the other models take synthetic data.")
+    defaults = TrainConfig()
+    moved = [f"--{name}" for name in ("samples", "dim") if getattr(cfg, name) != getattr(defaults, name)]
+    if cfg.data == "digits" and moved:
+        raise UsageError(f"{' and '.join(moved)} {'describe' if len(moved) > 1 else 'describes'} the synthetic data; digits has its own fixed split "
+                         f"({DIGITS_TRAIN} training and {DIGITS_HELD_OUT} held-out 8x8 images): drop {' '.join(moved)}.")
+
+
+def fault(cfg: TrainConfig, world_size: int) -> tuple[int, int]:
+    """--fail-at EPOCH:RANK as (0-based epoch, rank), or one sentence on what is wrong with it."""
+    try:
+        epoch, rank = (int(part) for part in cfg.fail_at.split(":"))
+    except ValueError:
+        raise UsageError(f"fail_at={cfg.fail_at!r}: write EPOCH:RANK, e.g. 2:1 (rank 1 dies in epoch 2).") from None
+    if not (1 <= epoch <= cfg.epochs and 0 <= rank < world_size):
+        raise UsageError(f"fail_at={cfg.fail_at!r}: the epoch must be 1..{cfg.epochs} and the rank 0..{world_size - 1}.")
+    return epoch - 1, rank
 
 
 def check_strategy(cfg: TrainConfig) -> None:

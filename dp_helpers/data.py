@@ -1,4 +1,4 @@
-"""The source article's dataset, synthetic data whose labels depend on the features, and the sampler arithmetic (taught in notebook 01)."""
+"""The source article's dataset, synthetic data whose labels depend on the features, the digits split, and the sampler arithmetic (notebooks 01, 05)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
 from .checks import UsageError
-from .config import ShardPlan, shard_plan  # noqa: F401 - the sampler arithmetic, torch-free in config
+from .config import DIGITS_HELD_OUT, ShardPlan, shard_plan  # noqa: F401 - the sampler arithmetic, torch-free in config
 
 
 class SimpleDataset(Dataset):
@@ -63,3 +63,16 @@ def sampler_indices(samples: int, world_size: int, epoch: int = 0, seed: int = 0
             sampler.set_epoch(epoch)
         table.append(list(sampler))
     return table
+
+
+def load_digits_split(part: str) -> SimpleDataset:
+    """scikit-learn's bundled 8x8 digits (no download): images (N, 1, 8, 8) in [0, 1], labels 0-9; a fixed split."""
+    from sklearn.datasets import load_digits
+
+    images, labels = load_digits(return_X_y=True)  # 1,797 rows of 64 pixel values 0..16
+    x = torch.tensor(images, dtype=torch.float32).reshape(-1, 1, 8, 8) / 16
+    y = torch.tensor(labels, dtype=torch.int64)
+    # one fixed permutation, whatever --seed says: every run is scored on the same held-out images
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
+    rows = {"held_out": order[:DIGITS_HELD_OUT], "train": order[DIGITS_HELD_OUT:]}[part]
+    return SimpleDataset(x[rows], y[rows])

@@ -3,13 +3,16 @@
 A record is one JSON object per line with at least rank, world_size, epoch, step (0-based, global
 across epochs), loss (this rank's local mean loss), samples (this rank's batch size at this step) and
 time (seconds since the rank started training). A non-finite loss is written as the string "nan",
-"inf" or "-inf", because bare NaN is not JSON.
+"inf" or "-inf", because bare NaN is not JSON. After torchrun restarted the group, the records a
+failed attempt wrote past the snapshot it resumed from stay in the file, marked "superseded": k (the
+attempt that redid them); readers skip them unless asked.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import time
 import warnings
 from pathlib import Path
@@ -34,15 +37,33 @@ def encode_float(value: float) -> float | str:
     return value if math.isfinite(value) else str(value)
 
 
+def mark_superseded(path: Path, from_step: int, attempt: int) -> int:
+    """Mark the records at step >= from_step as superseded by restart `attempt` (rewritten whole, then renamed); returns how many."""
+    from .runs import write_text_atomic
+
+    lines, marked = path.read_text(encoding="utf-8").splitlines(keepends=True), 0
+    for i, line in enumerate(lines):
+        if not line.endswith("\n"):  # a line cut short by the crash: no record to keep
+            lines[i] = ""
+            continue
+        record = json.loads(line)
+        if record["step"] >= from_step and "superseded" not in record:
+            lines[i], marked = json.dumps({**record, "superseded": attempt}) + "\n", marked + 1
+    write_text_atomic(path, "".join(lines))
+    return marked
+
+
 class MetricsWriter:
     """Appends one record per line to this rank's file, flushing each line so a crash loses nothing written."""
 
-    def __init__(self, run_dir: str | Path, rank: int, world_size: int):
+    def __init__(self, run_dir: str | Path, rank: int, world_size: int, restart: tuple[int, int] | None = None):
         self.rank, self.world_size = rank, world_size
         path = metrics_dir(run_dir) / f"rank{rank}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
+        if restart is not None and path.exists():  # (attempt, the step it resumes from): keep, mark, then append
+            mark_superseded(path, restart[1], restart[0])
         # "x": never truncate or mix with an earlier run's file
-        self.file = path.open("x", encoding="utf-8")
+        self.file = path.open("x" if restart is None else "a", encoding="utf-8")
         self.path, self.start = path, time.perf_counter()
 
     def log(self, epoch: int, step: int, loss: float, samples: int, **extra) -> dict:
@@ -106,8 +127,8 @@ def read_file(path: str | Path) -> list[dict]:
     return records
 
 
-def read_metrics(run_dir: str | Path) -> list[dict]:
-    """Every rank's records of a run folder (or of one .jsonl file), sorted by step then rank."""
+def read_metrics(run_dir: str | Path, superseded: bool = False) -> list[dict]:
+    """Every rank's records of a run folder (or one .jsonl file) by step then rank; superseded=True keeps a failed attempt's too."""
     path = Path(run_dir)
     if path.is_file():
         files = [path]
@@ -115,24 +136,41 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
         if not path.exists():
             raise UsageError(f"run folder not found: {path}")
         files = sorted(metrics_dir(path).glob("rank*.jsonl"))
-    records = [r for f in files for r in read_file(f)]
+    records = [r for f in files for r in read_file(f) if superseded or "superseded" not in r]
     return sorted(records, key=lambda r: (r["step"], r["rank"]))
 
 
 class MetricsTail:
-    """Counts complete new lines of a growing file (the launcher's progress bar follows rank 0 with it)."""
+    """Counts new steps in a growing file (the launcher's progress bar follows rank 0); a restart's redone steps don't count twice."""
 
     def __init__(self, path: str | Path):
-        self.path, self.offset = Path(path), 0
+        self.path, self.offset, self.inode, self.last_step = Path(path), 0, None, -1
 
     def new_lines(self) -> int:
-        """How many complete lines were appended since the last call."""
+        """How many complete lines with a new step (or with no step) were appended since the last call."""
         try:
             with self.path.open("rb") as f:
+                inode = os.fstat(f.fileno()).st_ino
+                self.offset = self.offset if inode == self.inode else 0  # replaced: read it again
+                self.inode = inode
                 f.seek(self.offset)
                 chunk = f.read()
         except FileNotFoundError:
             return 0
         complete = chunk.rfind(b"\n") + 1
         self.offset += complete
-        return chunk[:complete].count(b"\n")
+        return sum(self.is_new(line) for line in chunk[:complete].splitlines())
+
+    def is_new(self, line: bytes) -> bool:
+        """A line counts unless it is a superseded record or one whose step was counted before."""
+        try:
+            record = json.loads(line)
+        except ValueError:
+            return True
+        step = record.get("step") if isinstance(record, dict) else None
+        if not isinstance(step, int):
+            return True
+        if "superseded" in record or step <= self.last_step:
+            return False
+        self.last_step = step
+        return True

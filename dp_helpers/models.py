@@ -1,4 +1,4 @@
-"""The source article's SimpleModel and a small MLP, both ending in a sigmoid for BCE (used by every notebook)."""
+"""The source article's SimpleModel, an MLP and a BatchNorm net ending in a sigmoid for BCE, and the digits CNN (every notebook)."""
 
 from __future__ import annotations
 
@@ -51,9 +51,26 @@ class BNNet(nn.Module):
         return torch.sigmoid(self.net(x))
 
 
+class DigitsCNN(nn.Module):
+    """Two 3x3 convolutions, each followed by 2x2 max-pooling, and a linear layer: 10 logits for an 8x8 digit image."""
+
+    def __init__(self, channels: int = 16):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Conv2d(1, channels, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),  # 8x8 -> 4x4
+            nn.Conv2d(channels, 2 * channels, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),  # 4x4 -> 2x2
+            nn.Flatten(), nn.Linear(2 * channels * 4, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits of shape (batch, 10): cross-entropy applies the softmax itself."""
+        return self.net(x)
+
+
 def build_model(name: str, input_dim: int, seed: int) -> nn.Module:
     """A freshly initialised model, its weights fixed by `seed` alone (same on every rank)."""
     check_choice("model", name, MODELS)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
+        if name == "cnn":  # its input is fixed: 8x8 images
+            return DigitsCNN()
         return {"linear": SimpleModel, "mlp": MLP, "bn": BNNet}[name](input_dim)

@@ -46,6 +46,8 @@ def write_atomic(path, write: Callable[[Path], None]) -> Path:
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
     try:
         write(tmp)
+        with open(tmp, "rb") as done:
+            os.fsync(done.fileno())  # on disk before the rename, so even a power cut leaves old or new
         os.replace(tmp, path)  # atomic on one file system: the old file or the new one, never a mix
     finally:
         tmp.unlink(missing_ok=True)

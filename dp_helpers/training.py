@@ -32,10 +32,10 @@ def make_optimizer(model: nn.Module, lr: float, momentum: float = 0.0) -> torch.
 
 
 def train_step(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
-               optimizer: torch.optim.Optimizer, after_backward=None) -> torch.Tensor:
-    """One SGD step on a mean BCE loss, calling after_backward(model) between backward and step; returns the loss."""
+               optimizer: torch.optim.Optimizer, after_backward=None, loss_fn=bce_loss) -> torch.Tensor:
+    """One SGD step on a mean loss (BCE unless told), calling after_backward(model) between backward and step."""
     optimizer.zero_grad(set_to_none=True)
-    loss = bce_loss(model(inputs), targets)
+    loss = loss_fn(model(inputs), targets)
     loss.backward()
     if after_backward is not None:
         after_backward(model)
@@ -44,7 +44,7 @@ def train_step(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
 
 
 def accumulate_step(model: nn.Module, micro_batches: list, optimizer: torch.optim.Optimizer,
-                    no_sync=None, after_backward=None) -> torch.Tensor:
+                    no_sync=None, after_backward=None, loss_fn=bce_loss) -> torch.Tensor:
     """One optimizer step over K micro-batches of loss/K; with DDP only the last backward synchronises."""
     optimizer.zero_grad(set_to_none=True)
     total, k = torch.zeros(()), len(micro_batches)
@@ -52,7 +52,7 @@ def accumulate_step(model: nn.Module, micro_batches: list, optimizer: torch.opti
         # no_sync: gradients accumulate locally, the all-reduce waits for the last micro-batch
         quiet = no_sync() if (no_sync is not None and j < k - 1) else contextlib.nullcontext()
         with quiet:
-            loss = bce_loss(model(inputs), targets) / k
+            loss = loss_fn(model(inputs), targets) / k
             loss.backward()
         total = total + loss.detach().cpu()
     if after_backward is not None:

@@ -3,9 +3,19 @@
 import math
 
 import pytest
+import torch
 
 from dp_helpers.checks import UsageError
-from dp_helpers.config import TrainConfig, config_from_args, validate, worker_parser
+from dp_helpers.config import (
+    DIGITS_HELD_OUT,
+    DIGITS_TRAIN,
+    TrainConfig,
+    config_from_args,
+    fault,
+    validate,
+    worker_parser,
+)
+from dp_helpers.data import load_digits_split
 from dp_helpers.reference import train_reference
 
 
@@ -19,13 +29,38 @@ from dp_helpers.reference import train_reference
     ({"lr": 0.0}, ValueError, "lr must be a finite number > 0, got 0.0."),
     ({"lr": math.nan}, ValueError, "lr must be a finite number > 0, got nan."),
     ({"lr": "0.1"}, UsageError, "lr must be a number, got '0.1' (str)."),
-    ({"model": "resnet"}, ValueError, "model must be one of linear, mlp, bn, got 'resnet'."),
+    ({"model": "resnet"}, ValueError, "model must be one of linear, mlp, bn, cnn, got 'resnet'."),
+    ({"data": "mnist"}, ValueError, "data must be one of synthetic, digits, got 'mnist'."),
+    ({"data": "digits"}, UsageError, "--data digits and --model linear do not fit: digits needs --model cnn (10 "
+     "classes, cross-entropy) and cnn needs --data digits (8x8 images); the other models take synthetic data."),
+    ({"model": "cnn"}, UsageError, "--data synthetic and --model cnn do not fit: digits needs --model cnn (10 "
+     "classes, cross-entropy) and cnn needs --data digits (8x8 images); the other models take synthetic data."),
+    ({"data": "digits", "model": "cnn", "samples": 50}, UsageError, "--samples describes the synthetic data; digits "
+     "has its own fixed split (1500 training and 297 held-out 8x8 images): drop --samples."),
+    ({"fail_at": "2"}, UsageError, "fail_at='2': write EPOCH:RANK, e.g. 2:1 (rank 1 dies in epoch 2)."),
+    ({"fail_at": "11:0"}, UsageError, "fail_at='11:0': the epoch must be 1..10 and the rank 0..0."),
 ])
 def test_validate_says_one_sentence(change, error, words):
     cfg = TrainConfig(**{**TrainConfig().as_dict(), **change})
     with pytest.raises(error) as info:
         validate(cfg)
     assert str(info.value) == words
+
+
+def test_fail_at_names_an_epoch_and_a_rank_of_this_run():
+    assert fault(TrainConfig(fail_at="2:1"), world_size=2) == (1, 1)  # 0-based epoch inside
+    with pytest.raises(UsageError, match="the rank 0..1"):
+        validate(TrainConfig(fail_at="1:2"), world_size=2)
+
+
+def test_digits_split_is_fixed_and_disjoint():
+    train, held_out = load_digits_split("train"), load_digits_split("held_out")
+    assert (len(train), len(held_out)) == (DIGITS_TRAIN, DIGITS_HELD_OUT) == (1500, 297)
+    assert train.data.shape[1:] == (1, 8, 8) and 0 <= float(train.data.min()) and float(train.data.max()) <= 1
+    rows = {tuple(x.flatten().tolist()) for x in train.data}
+    assert sum(tuple(x.flatten().tolist()) in rows for x in held_out.data) < 5  # a few digits are drawn identically
+    assert sorted(set(held_out.target.tolist())) == list(range(10))
+    torch.testing.assert_close(load_digits_split("held_out").target, held_out.target)
 
 
 def test_fewer_samples_than_world_size():

@@ -80,8 +80,14 @@ def test_models_output_probabilities():
     for name in ("linear", "mlp"):
         out = build_model(name, 6, seed=0)(torch.randn(5, 6))
         assert out.shape == (5, 1) and bool(((out > 0) & (out < 1)).all())
-    with pytest.raises(ValueError, match="model must be one of linear, mlp, bn, got 'cnn'"):
-        build_model("cnn", 6, seed=0)
+    with pytest.raises(ValueError, match="model must be one of linear, mlp, bn, cnn, got 'resnet'"):
+        build_model("resnet", 6, seed=0)
+
+
+def test_the_digits_cnn_gives_ten_logits_whatever_dim_says():
+    logits = build_model("cnn", 6, seed=0)(torch.rand(5, 1, 8, 8))
+    assert logits.shape == (5, 10)
+    torch.testing.assert_close(build_model("cnn", 99, seed=3).state_dict(), build_model("cnn", 6, seed=3).state_dict())
 
 
 @pytest.mark.parametrize("batch_size, k, steps, last_group, identical, words", [

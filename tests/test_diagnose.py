@@ -105,6 +105,10 @@ def test_no_failure_reported(tmp_path):
     ([Failure(0, 1, timestamp=1), Failure(1, 1, "ValueError: real", timestamp=5)], 1),  # no known cause comes later
     ([Failure(0, -6, signal="SIGABRT", timestamp=1), Failure(1, -6, "ValueError: x", "SIGABRT", 5)], 1),  # aborted after raising
     ([Failure(0, 1, "RuntimeError: Connection refused", timestamp=1), Failure(1, -6, "ValueError: x", "SIGABRT", 5)], 1),
+    # a rank killed from outside (the OOM killer, --fail-at): its peer's "reset by peer" is the consequence
+    ([Failure(0, 1, "RuntimeError: Read error: Connection reset by peer", timestamp=3), Failure(1, -9, signal="SIGKILL", timestamp=3)], 1),
+    ([Failure(0, -15, signal="SIGTERM", timestamp=2), Failure(1, -9, signal="SIGKILL", timestamp=2)], 1),
+    ([Failure(0, -9, signal="SIGKILL", timestamp=2), Failure(1, 1, "ValueError: x", timestamp=2)], 1),  # escalation
 ])
 def test_culprit_order(found, first):
     assert culprit_first(found)[0].rank == first

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -92,6 +93,34 @@ def test_sharded_strategies_keep_the_invariant_and_record_bytes(tmp_path, pools,
     assert len(held) == 2 and all(h["optimizer state"] < whole["optimizer state"] for h in held)  # the state is split
     sharded = [h["parameters"] < whole["parameters"] for h in held]
     assert sharded == ([True, True] if strategy == "fsdp" else [False, False])  # fsdp shards the parameters too
+
+
+def test_digits_keep_the_invariant_and_reach_90_percent(tmp_path, pools):
+    digits = {"data": "digits", "model": "cnn", "lr": 0.05, "momentum": 0.9, "epochs": 2}
+    run = launch_train(pools, tmp_path / "run", 2, batch_size=10, **digits)
+    alone = launch_train(pools, tmp_path / "alone", 1, batch_size=20, **digits)
+    torch.testing.assert_close(final_weights(run.run_dir), final_weights(alone.run_dir))
+    torch.testing.assert_close(final_weights(run.run_dir), train_reference(TrainConfig(**digits), 2).state_dict)
+    accuracy = run.summary["held_out_accuracy"]
+    assert len(accuracy) == 2 and accuracy[-1] >= 0.9 and run.summary["final_accuracy"] == accuracy[-1]
+    assert abs(accuracy[-1] - alone.summary["held_out_accuracy"][-1]) <= 1 / 297  # at most one image's tie flips
+
+
+def score_rank(info, world_size: int) -> dict:
+    """The held-out scores of an untrained cnn, each rank scoring its stride."""
+    from dp_helpers.models import build_model
+    from dp_helpers.tasks import held_out_scores, held_out_set
+
+    return held_out_scores(build_model("cnn", 1, seed=0), held_out_set(TrainConfig(data="digits", model="cnn")),
+                           world_size, info.rank)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_held_out_scores_count_every_image_once(pools, world_size):
+    spread, whole = pools.get(world_size).run(score_rank, world_size)[0], score_rank(SimpleNamespace(rank=0), 1)
+    assert spread["samples"] == whole["samples"] == 297  # 297 = 149 + 148 on 2 ranks: no padding
+    assert spread["accuracy"] == whole["accuracy"]
+    assert abs(spread["loss"] - whole["loss"]) < 1e-6  # float32 sums in another order
 
 
 @pytest.mark.parametrize("world_size", [2, 4])

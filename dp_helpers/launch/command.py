@@ -32,7 +32,7 @@ class LaunchPlan:
 
 
 def child_env(run_dir: Path, world_size: int, backend: str, nnodes: int, extra,
-              local_rdzv: bool = True) -> dict[str, str]:
+              local_rdzv: bool = True, max_restarts: int = 0) -> dict[str, str]:
     """The workers' environment: rank-prefixed lines, one thread per rank share of cores, gloo on loopback."""
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(max(1, cpu_cores() // (world_size // nnodes))))
@@ -45,12 +45,16 @@ def child_env(run_dir: Path, world_size: int, backend: str, nnodes: int, extra,
                # read by torch >= 2.12, ignored before (then the launcher's own tree kill bounds the wait)
                TORCH_ELASTIC_SHUTDOWN_TIMEOUT=str(int(GRACE_S)),
                TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE=f"[rank ${{rank}}/{world_size}] ")
+    if max_restarts:
+        # torch 2.13 lets the restarted group reuse the rendezvous store's port, and gloo's new group then
+        # failed to connect ("Connection refused") or hung; with this each start gets a store of its own
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     env.update(extra or {})
     return env
 
 
 def torchrun_command(target: list[str], script_args, run_dir: Path, world_size: int, nnodes: int,
-                     rdzv_endpoint: str | None) -> list[str]:
+                     rdzv_endpoint: str | None, max_restarts: int = 0) -> list[str]:
     """torchrun's command line, started through dp_helpers.launch.agent (same flags as `python -m torch.distributed.run`)."""
     if nnodes == 1:
         rdzv = ["--standalone"]  # the store binds a free port itself: no fixed port, no race
@@ -58,12 +62,12 @@ def torchrun_command(target: list[str], script_args, run_dir: Path, world_size: 
         rdzv = ["--nnodes", str(nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", rdzv_endpoint,
                 "--rdzv-id", "dp_helpers", "--rdzv-conf", f"join_timeout={JOIN_TIMEOUT_S}"]
     return [sys.executable, "-m", "dp_helpers.launch.agent", *rdzv,
-            "--nproc-per-node", str(world_size // nnodes), "--max-restarts", "0",
+            "--nproc-per-node", str(world_size // nnodes), "--max-restarts", str(max_restarts),
             "--tee", "3", "--log-dir", str(run_dir / "logs"), "--monitor-interval", "0.1", *target, *map(str, script_args)]
 
 
 def plan_launch(script, script_args, world_size, backend, out_dir, timeout, nnodes, node_rank,
-                rdzv_endpoint, env, progress) -> LaunchPlan:
+                rdzv_endpoint, env, progress, max_restarts: int = 0) -> LaunchPlan:
     """Validate everything and build the launch, or raise one clear sentence before anything starts."""
     target = resolve_target(script)
     check_args(script_args, env, timeout)
@@ -71,10 +75,11 @@ def plan_launch(script, script_args, world_size, backend, out_dir, timeout, nnod
     check_nodes(world_size, nnodes, node_rank, rdzv_endpoint)
     if progress is not None:
         check_int("progress", progress, 1)
+    check_int("max_restarts", max_restarts, 0)
     backend = resolve_backend(backend, world_size, local_world_size=world_size // nnodes)
     name = target[-1].rsplit(".", 1)[-1] if target[0] == "-m" else Path(target[0]).stem
     run_dir = prepare_run_dir(out_dir, name)
-    command = torchrun_command(target, script_args, run_dir, world_size, nnodes, rdzv_endpoint)
+    command = torchrun_command(target, script_args, run_dir, world_size, nnodes, rdzv_endpoint, max_restarts)
     local = nnodes == 1 or str(rdzv_endpoint).rsplit(":", 1)[0] in ("127.0.0.1", "localhost")
-    return LaunchPlan(command, child_env(run_dir, world_size, backend, nnodes, env, local), run_dir,
+    return LaunchPlan(command, child_env(run_dir, world_size, backend, nnodes, env, local, max_restarts), run_dir,
                       world_size, backend, None if timeout is None else float(timeout), progress)

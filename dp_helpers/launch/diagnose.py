@@ -96,16 +96,20 @@ def last_exception_line(log: str, rank: int) -> str:
 
 
 VICTIM_RE = re.compile(r"Connection (closed|reset) by peer|Connection refused|remote worker crash|Broken pipe", re.I)
-STOP_SIGNALS = ("SIGTERM", "SIGKILL", "SIGINT", "SIGHUP")  # how torchrun (or a person) stops the other ranks
+STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")  # how torchrun (or a person) stops the other ranks
 
 
 def suspicion(f: Failure) -> int:
-    """0: raised its own exception; 1: crashed (SIGSEGV, SIGABRT, ...); 2: died of a peer's failure, or of no known cause; 3: was stopped."""
+    """0: raised its own exception; 1: crashed (SIGSEGV, ...); 2: SIGKILL; 3: a peer's failure or no known cause; 4: stopped."""
     if f.exception and not VICTIM_RE.search(f.exception):
         return 0  # also when a signal followed the exception (an abort during shutdown)
+    if f.signal == "SIGKILL":
+        # from outside (the OOM killer, kill -9, --fail-at), or torchrun's escalation after a SIGTERM was ignored;
+        # the latter only follows another rank's failure, which then ranks higher if it left an exception or crashed
+        return 2
     if f.signal and f.signal not in STOP_SIGNALS:
         return 1
-    return 3 if f.signal else 2
+    return 4 if f.signal else 3
 
 
 def culprit_first(found: list[Failure]) -> list[Failure]:

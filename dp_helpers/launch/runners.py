@@ -7,7 +7,7 @@ import json
 from .run import RunResult, run_ddp
 
 
-def run_train(world_size: int, echo: bool = False, out_dir=None, timeout: float = 600,
+def run_train(world_size: int, echo: bool = False, out_dir=None, timeout: float = 600, max_restarts: int = 0,
               **changes) -> tuple[RunResult, dict]:
     """The training job with some TrainConfig fields changed; returns the run and its final (unwrapped) weights."""
     import torch
@@ -15,7 +15,7 @@ def run_train(world_size: int, echo: bool = False, out_dir=None, timeout: float 
     from ..config import TrainConfig
 
     run = run_ddp("dp_helpers.scripts.train", *TrainConfig(**changes).as_args(), world_size=world_size, echo=echo,
-                  out_dir=out_dir, timeout=timeout)
+                  out_dir=out_dir, timeout=timeout, max_restarts=max_restarts)
     return run, torch.load(run.run_dir / "model.pt", map_location="cpu", weights_only=True)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -26,11 +27,19 @@ from dp_helpers.collectives import (
     assert_identical_across_ranks,
     average_gradients,
 )
-from dp_helpers.config import TrainConfig, config_from_args, validate, worker_parser
-from dp_helpers.data import make_loader, make_synthetic, shard_plan
+from dp_helpers.config import (
+    TrainConfig,
+    config_from_args,
+    fault,
+    train_samples,
+    validate,
+    worker_parser,
+)
+from dp_helpers.data import make_loader, shard_plan
 from dp_helpers.metrics import MetricsWriter, metrics_dir
 from dp_helpers.models import build_model
 from dp_helpers.runs import write_atomic, write_text_atomic
+from dp_helpers.tasks import held_out_scores, held_out_set, loss_function, train_set
 from dp_helpers.training import accumulate_step, make_optimizer, seed_everything
 
 
@@ -79,34 +88,75 @@ def micro_batches(loader, k: int, device):
         yield group
 
 
+def attempt() -> int:
+    """Which start of the group this is: 0, or k after torchrun restarted it k times (--max-restarts)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def maybe_fail(cfg: TrainConfig, info: dph.DistInfo, epoch: int, index: int) -> None:
+    """--fail-at EPOCH:RANK: on the first attempt that rank dies halfway through that epoch, by SIGKILL (as the OOM killer does)."""
+    if not cfg.fail_at or attempt() or (epoch, info.rank) != fault(cfg, info.world_size):
+        return
+    if index == shard_plan(train_samples(cfg), info.world_size, cfg.batch_size, cfg.grad_accum_steps).optimizer_steps // 2:
+        print(f"--fail-at {cfg.fail_at}: killing this process (SIGKILL) at step {index} of epoch {epoch + 1}",
+              flush=True)  # torchrun puts the [rank r/W] prefix on it
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def run_epoch(epoch: int, step: int, model, loader, optimizer, writer: MetricsWriter, cfg: TrainConfig,
               info: dph.DistInfo) -> tuple[int, float, int]:
     """Train one epoch; returns the next global step, this rank's loss sum and sample count."""
-    loss_sum, count, hook = 0.0, 0, after_backward(cfg)
+    loss_sum, count, hook, loss_fn = 0.0, 0, after_backward(cfg), loss_function(cfg)
     no_sync = getattr(model, "no_sync", None) if cfg.use_no_sync else None
-    for group in micro_batches(loader, cfg.grad_accum_steps, info.device):
-        loss = accumulate_step(model, group, optimizer, no_sync, hook).item()
+    for index, group in enumerate(micro_batches(loader, cfg.grad_accum_steps, info.device)):
+        maybe_fail(cfg, info, epoch, index)
+        loss = accumulate_step(model, group, optimizer, no_sync, hook, loss_fn).item()
         samples = sum(len(x) for x, _ in group)
         writer.log(epoch=epoch, step=step, loss=loss, samples=samples)
         loss_sum, count, step = loss_sum + loss * samples, count + samples, step + 1
     return step, loss_sum, count
 
 
-def save_checkpoint(path: str, model, optimizer, epoch: int, step: int, batch_size: int, info: dph.DistInfo) -> None:
-    """Rank 0 writes model, optimizer and position whole, then renames it into place; every rank waits for it."""
+def save_checkpoint(path: str, model, optimizer, epoch: int, step: int, history: dict, cfg: TrainConfig,
+                    info: dph.DistInfo) -> None:
+    """Rank 0 writes model, optimizer, position and history whole, then renames it into place; every rank waits for it."""
     if info.is_main:
         state = {"model": dph.unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
-                 "epoch": epoch, "step": step, "world_size": info.world_size, "batch_size": batch_size}
+                 "epoch": epoch, "step": step, "history": history, "world_size": info.world_size,
+                 "batch_size": cfg.batch_size, "run_dir": str(info.run_dir)}  # which run wrote it: see starting_point
         write_atomic(path, lambda tmp: torch.save(state, tmp))
     dist.barrier()  # nobody reads the file before it is complete
 
 
-def load_checkpoint(path: str, model, optimizer, info: dph.DistInfo) -> tuple[int, int]:
-    """Every rank loads the checkpoint onto its own device; returns (next epoch, next step)."""
+def load_checkpoint(path: str, model, optimizer, info: dph.DistInfo) -> tuple[int, int, dict]:
+    """Every rank loads the checkpoint onto its own device; returns (next epoch, next step, the epochs' history)."""
     state = torch.load(path, map_location=info.device, weights_only=True)
     dph.unwrap(model).load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
-    return state["epoch"], state["step"]
+    return state["epoch"], state["step"], state.get("history", {})
+
+
+def own_snapshot(path: str, info: dph.DistInfo) -> bool:
+    """Whether `path` holds a snapshot this run wrote: a restarted group must not resume from another run's file."""
+    return Path(path).is_file() and torch.load(path, weights_only=True).get("run_dir") == str(info.run_dir)
+
+
+def starting_point(cfg: TrainConfig, model, optimizer, info: dph.DistInfo) -> tuple[int, int, dict]:
+    """(epoch, step, history) to start from: after a restart this run's last snapshot, else --resume's, else the start."""
+    if attempt() and cfg.checkpoint and own_snapshot(cfg.checkpoint, info):
+        return load_checkpoint(cfg.checkpoint, model, optimizer, info)
+    return load_checkpoint(cfg.resume, model, optimizer, info) if cfg.resume else (0, 0, {})
+
+
+def note_restart(info: dph.DistInfo, epoch: int, step: int) -> None:
+    """After a restart, rank 0 says where the group resumed and appends it to restarts.jsonl (summary.json lists them)."""
+    if not (attempt() and info.is_main):
+        return
+    record = {"attempt": attempt(), "resumed_at_epoch": epoch + 1, "resumed_at_step": step}
+    with open(info.run_dir / "restarts.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+    print(f"restart {attempt()}: the group was started again; resuming at epoch {epoch + 1} (step {step}) from the "
+          "last snapshot", flush=True)
 
 
 def divergence(run_dir: Path, epoch_loss: float) -> str | None:
@@ -153,28 +203,40 @@ def save_outputs(out: Path, weights: dict, summary: dict) -> None:
     write_text_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
 
 
+def end_of_epoch(history: dict, loss: float, model, held_out, cfg: TrainConfig, info: dph.DistInfo, epoch: int,
+                 step: int) -> None:
+    """Record the epoch's loss (and, for digits, the held-out scores: a collective); rank 0 prints one line."""
+    history.setdefault("epoch_losses", []).append(loss)
+    line = f"epoch {epoch + 1}/{cfg.epochs}  loss={loss:.6f}  steps={step}"
+    if held_out is not None:
+        scores = held_out_scores(dph.unwrap(model), held_out, info.world_size, info.rank)
+        history.setdefault("held_out_accuracy", []).append(scores["accuracy"])
+        history.setdefault("held_out_loss", []).append(scores["loss"])
+        line += f"  held-out accuracy={100 * scores['accuracy']:.1f}% (loss {scores['loss']:.4f})"
+    dph.print0(info, line)
+    if info.is_main and (warning := divergence(info.run_dir, loss)):
+        print(warning, flush=True)
+
+
 def train(cfg: TrainConfig, info: dph.DistInfo) -> dict:
     """Train with DDP and return the summary (every rank runs every collective; rank 0 reports)."""
     seed_everything(cfg.seed)
     model, comm = prepare_model(cfg, info), {"allreduces": 0, "bytes": 0}
     if isinstance(model, DDP):
         model.register_comm_hook(comm, counting_hook)
-    loader, sampler = make_loader(make_synthetic(cfg.samples, cfg.dim, cfg.seed), cfg.batch_size, info.rank,
-                                  info.world_size, cfg.seed)
-    optimizer, losses, start = strategy_optimizer(model, cfg), [], time.perf_counter()
-    first, step = load_checkpoint(cfg.resume, model, optimizer, info) if cfg.resume else (0, 0)
+    loader, sampler = make_loader(train_set(cfg), cfg.batch_size, info.rank, info.world_size, cfg.seed)
+    optimizer, held_out, start = strategy_optimizer(model, cfg), held_out_set(cfg), time.perf_counter()
+    first, step, history = starting_point(cfg, model, optimizer, info)
+    note_restart(info, first, step)
     last = min(cfg.epochs, cfg.stop_after) if cfg.stop_after else cfg.epochs
-    with MetricsWriter(info.run_dir, info.rank, info.world_size) as writer:
+    with MetricsWriter(info.run_dir, info.rank, info.world_size, (attempt(), step) if attempt() else None) as writer:
         for epoch in range(first, last):
             sampler.set_epoch(epoch)  # without it every epoch repeats the same order
             step, loss_sum, count = run_epoch(epoch, step, model, loader, optimizer, writer, cfg, info)
-            losses.append(dph.epoch_mean_loss(loss_sum, count, info))
-            dph.print0(info, f"epoch {epoch + 1}/{cfg.epochs}  loss={losses[-1]:.6f}  steps={step}")
-            if info.is_main and (warning := divergence(info.run_dir, losses[-1])):
-                print(warning, flush=True)
+            end_of_epoch(history, dph.epoch_mean_loss(loss_sum, count, info), model, held_out, cfg, info, epoch, step)
             if cfg.checkpoint:
-                save_checkpoint(cfg.checkpoint, model, optimizer, epoch + 1, step, cfg.batch_size, info)
-    summary = make_summary(cfg, info, step, losses, comm, time.perf_counter() - start)
+                save_checkpoint(cfg.checkpoint, model, optimizer, epoch + 1, step, history, cfg, info)
+    summary = make_summary(cfg, info, step, history, comm, time.perf_counter() - start)
     summary["held_bytes"] = held_per_rank(model, optimizer, info)
     weights = full_weights(model)  # a collective under fsdp: every rank takes part
     if info.is_main:
@@ -182,12 +244,22 @@ def train(cfg: TrainConfig, info: dph.DistInfo) -> dict:
     return summary
 
 
-def make_summary(cfg: TrainConfig, info: dph.DistInfo, step: int, losses: list, comm: dict, seconds: float) -> dict:
+def restarts(run_dir: Path) -> list[dict]:
+    """Where each restart of this run resumed (restarts.jsonl, written by rank 0), oldest first."""
+    path = run_dir / "restarts.jsonl"
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()] if path.is_file() else []
+
+
+def make_summary(cfg: TrainConfig, info: dph.DistInfo, step: int, history: dict, comm: dict, seconds: float) -> dict:
     """What summary.json records about the run."""
-    plan = shard_plan(cfg.samples, info.world_size, cfg.batch_size, cfg.grad_accum_steps)
+    plan = shard_plan(train_samples(cfg), info.world_size, cfg.batch_size, cfg.grad_accum_steps)
+    losses, resumes = history.get("epoch_losses", []), restarts(info.run_dir)
+    scores = {key: history.get(key, []) for key in ("held_out_accuracy", "held_out_loss")} if cfg.data == "digits" else {}
     return {"status": "finished", "config": cfg.as_dict(), "world_size": info.world_size, "backend": info.backend, "sync": cfg.sync,
             "device": str(info.device), "global_batch_size": plan.global_batch,
-            "steps": step, "epoch_losses": losses, "final_loss": losses[-1] if losses else None,
+            "steps": step, "epoch_losses": losses, "final_loss": losses[-1] if losses else None, **scores,
+            "final_accuracy": scores["held_out_accuracy"][-1] if scores.get("held_out_accuracy") else None,
+            "restarts": len(resumes), "resumed": resumes,
             "allreduce_calls": comm["allreduces"], "allreduce_bytes": comm["bytes"],
             "padded_samples_per_epoch": plan.padded, "last_batch_size": plan.last_batch,
             "equivalent_to_large_batch": plan.equivalent_to_large_batch, "equivalence": plan.explain(),

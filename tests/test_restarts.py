@@ -1,0 +1,90 @@
+"""A dead rank is not a lost job: --fail-at kills one rank, torchrun restarts the group, the job resumes from its
+last snapshot and ends bitwise where an uninterrupted run ends; without restarts the error names the dead rank and the
+snapshot stays whole. Snapshots and metrics are written so that a crash never leaves half a file."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from dp_helpers.launch import DistributedRunError, run_train
+from dp_helpers.metrics import MetricsTail, mark_superseded, read_metrics
+from dp_helpers.runs import write_atomic
+from dp_helpers.training import read_checkpoint
+
+pytestmark = pytest.mark.slow
+
+DIGITS = {"data": "digits", "model": "cnn", "lr": 0.05, "momentum": 0.9, "epochs": 2}
+
+
+def cli(*flags) -> subprocess.CompletedProcess:
+    """`python -m dp_helpers train` as a user types it."""
+    return subprocess.run([sys.executable, "-m", "dp_helpers", "train", *map(str, flags)], capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The same job without a fault: the weights a restarted run must end with, bit for bit."""
+    run, weights = run_train(2, out_dir=tmp_path_factory.mktemp("whole") / "run", **DIGITS)
+    return run, weights
+
+
+def test_a_killed_rank_is_restarted_and_the_job_ends_bitwise_as_if_nothing_happened(tmp_path, uninterrupted):
+    out, snapshot = tmp_path / "run", tmp_path / "snapshot.pt"
+    proc = cli("--data", "digits", "--model", "cnn", "--lr", 0.05, "--momentum", 0.9, "--epochs", 2, "--out", out,
+               "--checkpoint", snapshot, "--fail-at", "2:1", "--max-restarts", 1)
+    assert proc.returncode == 0, proc.stderr
+    assert "killing this process (SIGKILL) at step 37 of epoch 2" in proc.stdout
+    assert "restart 1: the group was started again; resuming at epoch 2 (step 75)" in proc.stdout
+    weights = torch.load(out / "model.pt", weights_only=True)
+    assert all(torch.equal(weights[k], v) for k, v in uninterrupted[1].items())  # bitwise
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["restarts"] == 1 and summary["resumed"] == [{"attempt": 1, "resumed_at_epoch": 2, "resumed_at_step": 75}]
+    assert summary["epoch_losses"] == uninterrupted[0].summary["epoch_losses"]  # the history survived in the snapshot
+    assert summary["held_out_accuracy"] == uninterrupted[0].summary["held_out_accuracy"]
+    kept, everything = read_metrics(out), read_metrics(out, superseded=True)
+    assert [(r["rank"], r["step"]) for r in kept] == [(r, s) for s in range(150) for r in (0, 1)]  # every step once
+    redone = [r for r in everything if "superseded" in r]
+    assert redone and all(r["superseded"] == 1 and r["step"] >= 75 for r in redone)  # the failed attempt's, marked
+    assert MetricsTail(out / "metrics" / "rank0.jsonl").new_lines() == 150  # the progress bar counts each step once
+
+
+def test_without_restarts_the_error_names_the_dead_rank_and_the_snapshot_is_whole(tmp_path):
+    snapshot = tmp_path / "snapshot.pt"
+    with pytest.raises(DistributedRunError) as caught:
+        run_train(2, out_dir=tmp_path / "run", checkpoint=str(snapshot), fail_at="2:1", **DIGITS)
+    assert str(caught.value).startswith("rank 1 failed with exit code -9: killed by SIGKILL")
+    state = read_checkpoint(str(snapshot))  # loadable: written whole, then renamed into place
+    assert (state["epoch"], state["step"]) == (1, 75)  # the last complete epoch
+    assert list(snapshot.parent.glob("*.tmp*")) == []
+
+
+def test_a_crash_while_writing_leaves_the_last_good_file(tmp_path):
+    (tmp_path / "d").mkdir()
+    target = tmp_path / "d" / "snapshot.pt"
+    target.write_bytes(b"the last good snapshot")
+    code = ("import os, signal, sys; from dp_helpers.runs import write_atomic\n"
+            "def half(tmp):\n    tmp.write_bytes(b'half a new'); os.kill(os.getpid(), signal.SIGKILL)\n"
+            "write_atomic(sys.argv[1], half)")
+    proc = subprocess.run([sys.executable, "-c", code, str(target)], timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    assert target.read_bytes() == b"the last good snapshot"
+    with pytest.raises(ValueError):
+        write_atomic(target, lambda tmp: (tmp.write_bytes(b"half"), int("x")))
+    assert target.read_bytes() == b"the last good snapshot"
+    assert len(os.listdir(target.parent)) == 2  # and the killed writer's temporary file; the failed one removed its own
+
+
+def test_marking_keeps_every_record_and_drops_only_a_cut_line(tmp_path):
+    path = tmp_path / "rank0.jsonl"
+    rows = [{"rank": 0, "world_size": 1, "epoch": 0, "step": s, "loss": 1.0, "samples": 1, "time": 0} for s in range(4)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"rank": 0, "st')
+    assert mark_superseded(path, from_step=2, attempt=1) == 2
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r.get("superseded") for r in records] == [None, None, 1, 1]
+    assert [r["step"] for r in read_metrics(path)] == [0, 1]
