@@ -28,10 +28,12 @@ def cli(*flags) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    """The same job without a fault: the weights a restarted run must end with, bit for bit."""
-    run, weights = run_train(2, out_dir=tmp_path_factory.mktemp("whole") / "run", **DIGITS)
-    return run, weights
+def uninterrupted(tmp_path_factory, pools):
+    """The same job without a fault, in a rank pool (the same train() as under torchrun): the weights to match, bit for bit."""
+    from tests.test_train import launch_train
+
+    run = launch_train(pools, tmp_path_factory.mktemp("whole") / "run", 2, **DIGITS)
+    return run, torch.load(run.run_dir / "model.pt", weights_only=True)
 
 
 def test_a_killed_rank_is_restarted_and_the_job_ends_bitwise_as_if_nothing_happened(tmp_path, uninterrupted):
