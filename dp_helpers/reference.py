@@ -2,23 +2,24 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from .config import TrainConfig
 from .data import make_loader
 from .models import build_model
-from .tasks import loss_function, train_set
+from .tasks import held_out_scores, held_out_set, loss_function, train_set
 from .training import make_optimizer, seed_everything, train_step
 
 
 @dataclass
 class ReferenceResult:
-    """The reference model's final weights and its loss at every step."""
+    """The reference model's final weights, its loss at every step and (digits) its held-out accuracy after every epoch."""
 
     state_dict: dict[str, torch.Tensor]
     losses: list[float]
+    held_out_accuracy: list[float] = field(default_factory=list)
 
 
 def train_reference(cfg: TrainConfig, world_size: int = 1) -> ReferenceResult:
@@ -27,8 +28,10 @@ def train_reference(cfg: TrainConfig, world_size: int = 1) -> ReferenceResult:
     seed_everything(cfg.seed)
     model = build_model(cfg.model, cfg.dim, cfg.seed)
     loader, sampler = make_loader(train_set(cfg), cfg.batch_size, rank=0, world_size=1, seed=cfg.seed)
-    optimizer, losses = make_optimizer(model, cfg.lr, cfg.momentum), []
+    optimizer, losses, held_out, accuracy = make_optimizer(model, cfg.lr, cfg.momentum), [], held_out_set(cfg), []
     for epoch in range(cfg.epochs):
         sampler.set_epoch(epoch)
         losses += [train_step(model, x, y, optimizer, loss_fn=loss_function(cfg)).item() for x, y in loader]
-    return ReferenceResult({k: v.detach().clone() for k, v in model.state_dict().items()}, losses)
+        if held_out is not None:
+            accuracy.append(held_out_scores(model, held_out, world_size=1, rank=0)["accuracy"])
+    return ReferenceResult({k: v.detach().clone() for k, v in model.state_dict().items()}, losses, accuracy)

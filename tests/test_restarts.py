@@ -18,7 +18,8 @@ from dp_helpers.training import read_checkpoint
 
 pytestmark = pytest.mark.slow
 
-DIGITS = {"data": "digits", "model": "cnn", "lr": 0.05, "momentum": 0.9, "epochs": 2}
+# the synthetic task, 5 steps per epoch on 2 ranks: the mechanism costs seconds; notebook 05 does the same on digits
+JOB = {"lr": 0.1, "momentum": 0.9, "epochs": 3}
 
 
 def cli(*flags) -> subprocess.CompletedProcess:
@@ -32,37 +33,36 @@ def uninterrupted(tmp_path_factory, pools):
     """The same job without a fault, in a rank pool (the same train() as under torchrun): the weights to match, bit for bit."""
     from tests.test_train import launch_train
 
-    run = launch_train(pools, tmp_path_factory.mktemp("whole") / "run", 2, **DIGITS)
+    run = launch_train(pools, tmp_path_factory.mktemp("whole") / "run", 2, **JOB)
     return run, torch.load(run.run_dir / "model.pt", weights_only=True)
 
 
 def test_a_killed_rank_is_restarted_and_the_job_ends_bitwise_as_if_nothing_happened(tmp_path, uninterrupted):
     out, snapshot = tmp_path / "run", tmp_path / "snapshot.pt"
-    proc = cli("--data", "digits", "--model", "cnn", "--lr", 0.05, "--momentum", 0.9, "--epochs", 2, "--out", out,
-               "--checkpoint", snapshot, "--fail-at", "2:1", "--max-restarts", 1)
+    proc = cli("--lr", 0.1, "--momentum", 0.9, "--epochs", 3, "--out", out, "--checkpoint", snapshot,
+               "--fail-at", "2:1", "--max-restarts", 1)
     assert proc.returncode == 0, proc.stderr
-    assert "killing this process (SIGKILL) at step 37 of epoch 2" in proc.stdout
-    assert "restart 1: the group was started again; resuming at epoch 2 (step 75)" in proc.stdout
+    assert "killing this process (SIGKILL) at step 2 of epoch 2" in proc.stdout
+    assert "restart 1: the group was started again; resuming at epoch 2 (step 5)" in proc.stdout
     weights = torch.load(out / "model.pt", weights_only=True)
     assert all(torch.equal(weights[k], v) for k, v in uninterrupted[1].items())  # bitwise
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["restarts"] == 1 and summary["resumed"] == [{"attempt": 1, "resumed_at_epoch": 2, "resumed_at_step": 75}]
+    assert summary["restarts"] == 1 and summary["resumed"] == [{"attempt": 1, "resumed_at_epoch": 2, "resumed_at_step": 5}]
     assert summary["epoch_losses"] == uninterrupted[0].summary["epoch_losses"]  # the history survived in the snapshot
-    assert summary["held_out_accuracy"] == uninterrupted[0].summary["held_out_accuracy"]
     kept, everything = read_metrics(out), read_metrics(out, superseded=True)
-    assert [(r["rank"], r["step"]) for r in kept] == [(r, s) for s in range(150) for r in (0, 1)]  # every step once
+    assert [(r["rank"], r["step"]) for r in kept] == [(r, s) for s in range(15) for r in (0, 1)]  # every step once
     redone = [r for r in everything if "superseded" in r]
-    assert redone and all(r["superseded"] == 1 and r["step"] >= 75 for r in redone)  # the failed attempt's, marked
-    assert MetricsTail(out / "metrics" / "rank0.jsonl").new_lines() == 150  # the progress bar counts each step once
+    assert redone and all(r["superseded"] == 1 and r["step"] >= 5 for r in redone)  # the failed attempt's, marked
+    assert MetricsTail(out / "metrics" / "rank0.jsonl").new_lines() == 15  # the progress bar counts each step once
 
 
 def test_without_restarts_the_error_names_the_dead_rank_and_the_snapshot_is_whole(tmp_path):
     snapshot = tmp_path / "snapshot.pt"
     with pytest.raises(DistributedRunError) as caught:
-        run_train(2, out_dir=tmp_path / "run", checkpoint=str(snapshot), fail_at="2:1", **DIGITS)
+        run_train(2, out_dir=tmp_path / "run", checkpoint=str(snapshot), fail_at="2:1", **JOB)
     assert str(caught.value).startswith("rank 1 failed with exit code -9: killed by SIGKILL")
     state = read_checkpoint(str(snapshot))  # loadable: written whole, then renamed into place
-    assert (state["epoch"], state["step"]) == (1, 75)  # the last complete epoch
+    assert (state["epoch"], state["step"]) == (1, 5)  # the last complete epoch
     assert list(snapshot.parent.glob("*.tmp*")) == []
 
 
