@@ -133,7 +133,8 @@ def wait_for_files(folder: Path, count: int, timeout: float = 60) -> list[Path]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         files = sorted(folder.glob("*.pid"))
-        if len(files) >= count:
+        # a file exists before its pid is written into it: wait for the content too
+        if len(files) >= count and all(f.read_text().strip() for f in files):
             return files
         time.sleep(0.2)
     raise AssertionError(f"only {len(list(folder.glob('*.pid')))} of {count} workers started in {timeout}s")
