@@ -32,10 +32,11 @@ def launches(path: Path) -> int:
 
 
 def running_order(items) -> None:
-    """Longest first, so no worker starts a long notebook while the other runs out of work: notebooks by their
-    launches, then test files, then SPREAD's independent tests, which fill the gaps at the end."""
+    """Longest first, so no worker starts a long file while the other runs out of work: notebooks by their launches,
+    then test files by their slow tests, then SPREAD's independent tests, which fill the gaps at the end."""
     cost = {p: launches(p) for p in {i.path for i in items if i.path.suffix == ".ipynb"}}
-    items.sort(key=lambda i: (0, -cost[i.path]) if i.path in cost else (1 + (i.path.name in SPREAD), 0))
+    slow = {p: sum(1 for i in items if i.path == p and i.get_closest_marker("slow")) for p in {i.path for i in items}}
+    items.sort(key=lambda i: (0, -cost[i.path]) if i.path in cost else (1 + (i.path.name in SPREAD), -slow[i.path]))
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
