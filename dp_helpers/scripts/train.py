@@ -138,7 +138,7 @@ def load_checkpoint(path: str, model, optimizer, info: dph.DistInfo) -> tuple[in
 
 def own_snapshot(path: str, info: dph.DistInfo) -> bool:
     """Whether `path` holds a snapshot this run wrote: a restarted group must not resume from another run's file."""
-    return Path(path).is_file() and torch.load(path, weights_only=True).get("run_dir") == str(info.run_dir)
+    return Path(path).is_file() and torch.load(path, map_location="cpu", weights_only=True).get("run_dir") == str(info.run_dir)
 
 
 def starting_point(cfg: TrainConfig, model, optimizer, info: dph.DistInfo) -> tuple[int, int, dict]:
