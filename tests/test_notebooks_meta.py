@@ -76,3 +76,15 @@ def test_notebooks_do_not_redefine_package_code(path):
     defined = {node.name for c in code_cells(path) if not c.source.lstrip().startswith(("%", "!"))
                for node in ast.walk(ast.parse(c.source)) if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
     assert not defined & exported_names()
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_a_chinese_guide_sits_under_the_title(path):
+    cells = nbformat.read(path, as_version=4).cells
+    guide = cells[1]
+    assert guide.cell_type == "markdown" and guide.source.startswith("## 中文导读")
+    lines = [line for line in guide.source.splitlines()[1:] if line.strip()]
+    assert 3 <= len(lines) <= 6 and all(re.search(r"[\u4e00-\u9fff]", line) for line in lines)
+    # the glossary's Chinese beside the English term where the notebook's prose first uses it
+    prose = "\n".join(c.source for c in cells[2:] if c.cell_type == "markdown")
+    assert len(re.findall(r" \([\u4e00-\u9fff][^()]*\)", prose)) >= 8
