@@ -29,12 +29,14 @@ def loss_function(cfg: TrainConfig):
 def held_out_scores(model: nn.Module, dataset, world_size: int, rank: int) -> dict:
     """Loss and accuracy over the whole held-out set: every rank scores a stride, the sums are all-reduced (a collective)."""
     rows = list(range(rank, len(dataset), world_size))  # every image exactly once: no sampler padding
-    device = next(model.parameters()).device
+    device, training = next(model.parameters()).device, model.training
+    model.eval()  # no BatchNorm statistics or dropout while scoring
     with torch.no_grad():
-        logits = model(dataset.data[rows].to(device))
+        logits = model(dataset.data[rows].to(device)).double()
         targets = dataset.target[rows].to(device)
         sums = torch.stack([nn.functional.cross_entropy(logits, targets, reduction="sum"),
                             (logits.argmax(1) == targets).sum(), torch.tensor(len(rows), device=device)]).double()
+    model.train(training)
     if world_size > 1:
         dist.all_reduce(sums)
     return {"loss": (sums[0] / sums[2]).item(), "accuracy": (sums[1] / sums[2]).item(), "samples": int(sums[2])}

@@ -148,6 +148,10 @@ def check_resume(cfg, world_size: int) -> int:
         raise UsageError(f"{cfg.resume} finished epoch {state['epoch']} of --epochs {cfg.epochs}: nothing is left to "
                          "train; raise --epochs to continue.")
     written = {k: state[k] for k in ("world_size", "batch_size") if k in state}
+    for key in ("grad_accum_steps", "seed"):  # the global batch, and the sampler's permutation
+        if key in state and state[key] != getattr(cfg, key):
+            raise UsageError(f"{cfg.resume} was written with --{key.replace('_', '-')} {state[key]}; resume with the "
+                             f"same (now: {getattr(cfg, key)}).")
     if written and written != {"world_size": world_size, "batch_size": cfg.batch_size}:
         raise UsageError(f"{cfg.resume} was written by world size {written.get('world_size')} x batch "
                          f"{written.get('batch_size')}; resume with the same --world-size and --batch-size (the "

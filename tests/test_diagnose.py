@@ -48,7 +48,7 @@ def test_records_name_the_rank_that_raised(tmp_path):
             {"rank": 1, "exit_code": 1, "signal": "", "exception": "ValueError: boom", "timestamp": 5})
     err = failure(1, "[rank 1/2] Traceback ...\n", tmp_path)
     assert err.ranks == (1, 0) and err.exit_code == 1 and err.cause == "ValueError: boom"
-    assert str(err).startswith("rank 1 failed with exit code 1: ValueError: boom [then stopped: rank 0 (exit code -15)]")
+    assert str(err).startswith("rank 1 failed with exit code 1: ValueError: boom [then failed or stopped: rank 0 (exit code -15)]")
 
 
 def test_records_win_over_the_printed_table(tmp_path):

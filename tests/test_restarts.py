@@ -56,6 +56,14 @@ def test_a_killed_rank_is_restarted_and_the_job_ends_bitwise_as_if_nothing_happe
     assert MetricsTail(out / "metrics" / "rank0.jsonl").new_lines() == 15  # the progress bar counts each step once
 
 
+def test_a_rank_lost_before_the_first_snapshot_starts_the_job_again(tmp_path, uninterrupted):
+    run, weights = run_train(2, out_dir=tmp_path / "run", checkpoint=str(tmp_path / "snapshot.pt"), fail_at="1:1",
+                             max_restarts=1, **JOB)
+    assert "no snapshot of this run yet: starting again from the beginning" in run.log
+    assert all(torch.equal(weights[k], v) for k, v in uninterrupted[1].items())
+    assert run.summary["resumed"] == [{"attempt": 1, "resumed_at_epoch": 1, "resumed_at_step": 0}]
+
+
 def test_without_restarts_the_error_names_the_dead_rank_and_the_snapshot_is_whole(tmp_path):
     snapshot = tmp_path / "snapshot.pt"
     with pytest.raises(DistributedRunError) as caught:

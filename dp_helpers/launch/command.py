@@ -41,13 +41,14 @@ def child_env(run_dir: Path, world_size: int, backend: str, nnodes: int, extra,
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_ROOT), env.get("PYTHONPATH")) if p)
     env.update(PYTHONUNBUFFERED="1", MPLBACKEND="Agg", DP_BACKEND=backend, DP_RUN_DIR=str(run_dir),
                DP_LAUNCHER_PID=str(os.getpid()), DP_LAUNCH_ID=uuid.uuid4().hex,  # every process of this launch
-               # seconds torchrun waits between SIGTERM and SIGKILL when it stops the ranks (its default: 30);
-               # read by torch >= 2.12, ignored before (then the launcher's own tree kill bounds the wait)
+               # seconds torchrun waits between SIGTERM and SIGKILL when torchrun itself is stopped by a signal (its
+               # default: 30; read by torch >= 2.12). Stopping the group after a rank failed still waits up to 30 s
+               # for ranks that ignore SIGTERM; a run's timeout and the launcher's own tree kill bound that
                TORCH_ELASTIC_SHUTDOWN_TIMEOUT=str(int(GRACE_S)),
                TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE=f"[rank ${{rank}}/{world_size}] ")
     if max_restarts:
-        # torch 2.13 lets the restarted group reuse the rendezvous store's port, and gloo's new group then
-        # failed to connect ("Connection refused") or hung; with this each start gets a store of its own
+        # read by torchrun's rendezvous: with torch 2.13 and gloo, a group restarted on the shared rendezvous store
+        # failed to connect ("Connection refused") or hung; with this every round gets a fresh store and port
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     env.update(extra or {})
     return env

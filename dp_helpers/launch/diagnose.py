@@ -95,7 +95,8 @@ def last_exception_line(log: str, rank: int) -> str:
     return hits[-1].split("] ", 1)[-1].strip() if hits else ""
 
 
-VICTIM_RE = re.compile(r"Connection (closed|reset) by peer|Connection refused|remote worker crash|Broken pipe", re.I)
+VICTIM_RE = re.compile(r"Connection (closed|reset) by peer|Connection refused|remote worker crash|Broken pipe|"
+                       r"remote process exit|ncclRemoteError", re.I)
 STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")  # how torchrun (or a person) stops the other ranks
 
 
@@ -127,7 +128,9 @@ def find_failures(run_dir: Path, log: str) -> list[Failure]:
     """The run's failures, culprit first: from the agent's record, else from torchrun's table; causes filled in from the log."""
     found = read_records(run_dir / "failures.json")
     found = parse_table(log) if found is None else found
-    found = [f if f.exception else replace(f, exception=last_exception_line(log, f.rank)) for f in found]
+    # a rank killed by SIGKILL raised nothing: an exception line it printed is older (an earlier restart's)
+    found = [f if f.exception or f.signal == "SIGKILL" else replace(f, exception=last_exception_line(log, f.rank))
+             for f in found]
     return culprit_first(found)
 
 
@@ -155,7 +158,7 @@ def failure(rc: int, log: str, run_dir: Path, found: list[Failure] | None = None
                                    f"last output:\n{tail}", exit_code=rc, log_tail=tail, run_dir=run_dir)
     first, message = found[0], describe(found[0])
     if found[1:]:
-        message += " [then stopped: " + ", ".join(f"rank {f.rank} (exit code {f.exit_code})" for f in found[1:]) + "]"
+        message += " [then failed or stopped: " + ", ".join(f"rank {f.rank} (exit code {f.exit_code})" for f in found[1:]) + "]"
     own = "\n".join(rank_output(log, first.rank)[-20:])
     if own and (first.exit_code < 0 or own not in tail):  # a signal leaves no exception: the rank's output is the clue
         message += f"\nrank {first.rank}'s last lines:\n{own}"

@@ -123,40 +123,57 @@ def save_checkpoint(path: str, model, optimizer, epoch: int, step: int, history:
     if info.is_main:
         state = {"model": dph.unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
                  "epoch": epoch, "step": step, "history": history, "world_size": info.world_size,
-                 "batch_size": cfg.batch_size, "run_dir": str(info.run_dir)}  # which run wrote it: see starting_point
+                 "batch_size": cfg.batch_size, "grad_accum_steps": cfg.grad_accum_steps, "seed": cfg.seed,
+                 "run_dir": str(info.run_dir), "launch": launch_id()}  # which run wrote it: see own_snapshot
         write_atomic(path, lambda tmp: torch.save(state, tmp))
     dist.barrier()  # nobody reads the file before it is complete
 
 
-def load_checkpoint(path: str, model, optimizer, info: dph.DistInfo) -> tuple[int, int, dict]:
+def load_checkpoint(path: str, model, optimizer, cfg: TrainConfig, info: dph.DistInfo) -> tuple[int, int, dict]:
     """Every rank loads the checkpoint onto its own device; returns (next epoch, next step, the epochs' history)."""
     state = torch.load(path, map_location=info.device, weights_only=True)
+    mine = {"world_size": info.world_size, "batch_size": cfg.batch_size, "grad_accum_steps": cfg.grad_accum_steps}
+    if any(state.get(k, v) != v for k, v in mine.items()):  # the sampler's shards and the batches depend on these
+        raise ValueError(f"{path} was written with {', '.join(f'{k}={state.get(k)}' for k in mine)}; this run has "
+                         f"{', '.join(f'{k}={v}' for k, v in mine.items())}.")
     dph.unwrap(model).load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     return state["epoch"], state["step"], state.get("history", {})
 
 
+def launch_id() -> str:
+    """This launch, the same across torchrun's restarts: the launcher's id, else torchrun's run id."""
+    return os.environ.get("DP_LAUNCH_ID") or os.environ.get("TORCHELASTIC_RUN_ID", "")
+
+
 def own_snapshot(path: str, info: dph.DistInfo) -> bool:
-    """Whether `path` holds a snapshot this run wrote: a restarted group must not resume from another run's file."""
-    return Path(path).is_file() and torch.load(path, map_location="cpu", weights_only=True).get("run_dir") == str(info.run_dir)
+    """Whether `path` holds a snapshot this launch wrote: a restarted group must not resume from another run's file."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, EOFError, ValueError):  # missing, or not a snapshot at all
+        return False
+    return isinstance(state, dict) and (state.get("run_dir"), state.get("launch")) == (str(info.run_dir), launch_id())
 
 
-def starting_point(cfg: TrainConfig, model, optimizer, info: dph.DistInfo) -> tuple[int, int, dict]:
-    """(epoch, step, history) to start from: after a restart this run's last snapshot, else --resume's, else the start."""
-    if attempt() and cfg.checkpoint and own_snapshot(cfg.checkpoint, info):
-        return load_checkpoint(cfg.checkpoint, model, optimizer, info)
-    return load_checkpoint(cfg.resume, model, optimizer, info) if cfg.resume else (0, 0, {})
+def starting_point(cfg: TrainConfig, model, optimizer, info: dph.DistInfo) -> tuple[int, int, dict, str]:
+    """(epoch, step, history, file): after a restart this launch's last snapshot, else --resume's, else the start."""
+    choice = [cfg.checkpoint if attempt() and cfg.checkpoint and own_snapshot(cfg.checkpoint, info) else cfg.resume]
+    dist.broadcast_object_list(choice, src=0)  # rank 0 decides for all: another node's disk may hold another file
+    return (*load_checkpoint(choice[0], model, optimizer, cfg, info), choice[0]) if choice[0] else (0, 0, {}, "")
 
 
-def note_restart(info: dph.DistInfo, epoch: int, step: int) -> None:
+def note_restart(info: dph.DistInfo, epoch: int, step: int, source: str, cfg: TrainConfig) -> None:
     """After a restart, rank 0 says where the group resumed and appends it to restarts.jsonl (summary.json lists them)."""
     if not (attempt() and info.is_main):
         return
     record = {"attempt": attempt(), "resumed_at_epoch": epoch + 1, "resumed_at_step": step}
     with open(info.run_dir / "restarts.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")
-    print(f"restart {attempt()}: the group was started again; resuming at epoch {epoch + 1} (step {step}) from the "
-          "last snapshot", flush=True)
+    if source and source == cfg.checkpoint:
+        where = f"resuming at epoch {epoch + 1} (step {step}) from the last snapshot"
+    else:  # it died before this launch's first snapshot
+        where = f"no snapshot of this run yet: starting again from {source or 'the beginning'}"
+    print(f"restart {attempt()}: the group was started again; {where}", flush=True)
 
 
 def divergence(run_dir: Path, epoch_loss: float) -> str | None:
@@ -226,8 +243,8 @@ def train(cfg: TrainConfig, info: dph.DistInfo) -> dict:
         model.register_comm_hook(comm, counting_hook)
     loader, sampler = make_loader(train_set(cfg), cfg.batch_size, info.rank, info.world_size, cfg.seed)
     optimizer, held_out, start = strategy_optimizer(model, cfg), held_out_set(cfg), time.perf_counter()
-    first, step, history = starting_point(cfg, model, optimizer, info)
-    note_restart(info, first, step)
+    first, step, history, source = starting_point(cfg, model, optimizer, info)
+    note_restart(info, first, step, source, cfg)
     last = min(cfg.epochs, cfg.stop_after) if cfg.stop_after else cfg.epochs
     with MetricsWriter(info.run_dir, info.rank, info.world_size, (attempt(), step) if attempt() else None) as writer:
         for epoch in range(first, last):
