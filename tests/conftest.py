@@ -17,10 +17,6 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
-# files whose tests share nothing (no module fixture, no order): xdist may spread them over both workers
-SPREAD = {"test_launch_runs.py", "test_cli.py"}
-
-
 LAUNCH = re.compile(r"\brun_\w+\(|\blaunch")  # run_ddp(, run_train(, a notebook's own launch helper ...
 
 
@@ -31,23 +27,23 @@ def launches(path: Path) -> int:
     return sum(bool(LAUNCH.search(c.source)) for c in nbformat.read(path, 4).cells if c.cell_type == "code")
 
 
-def running_order(items) -> None:
+def pytest_collection_modifyitems(items):
     """Longest first, so no worker starts a long file while the other runs out of work: notebooks by their launches,
-    then test files by their slow tests, then SPREAD's independent tests, which fill the gaps at the end."""
+    then test files by their slow tests. pytest-xdist keeps each file on one worker (--dist loadfile) and, with
+    --no-loadscope-reorder, hands the files out in this order."""
     cost = {p: launches(p) for p in {i.path for i in items if i.path.suffix == ".ipynb"}}
     slow = {p: sum(1 for i in items if i.path == p and i.get_closest_marker("slow")) for p in {i.path for i in items}}
-    items.sort(key=lambda i: (0, -cost[i.path]) if i.path in cost else (1 + (i.path.name in SPREAD), -slow[i.path]))
+    items.sort(key=lambda i: (0, -cost[i.path]) if i.path in cost else (1, -slow[i.path]))  # stable: cells keep order
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
-def pytest_collection_modifyitems(items):
-    """Notebook cells are slow (a kernel, often torchrun); every file but SPREAD runs whole on one worker."""
-    for item in items:
-        if item.path.suffix == ".ipynb":
-            item.add_marker(pytest.mark.slow)
-        if item.path.name not in SPREAD:  # a notebook's cells share one kernel; module fixtures run once
-            item.add_marker(pytest.mark.xdist_group(item.path.name))
-    running_order(items)  # sort is stable: a notebook's cells keep their order
+@pytest.fixture(scope="session", autouse=True)
+def workers_numerics():
+    """The tests' own computations run with the workers' thread count, as the package's references do, so comparing
+    them with ranks holds on any CPU (the notebooks' kernels keep torch's default: their references set it)."""
+    from dp_helpers.env import worker_numerics
+
+    with worker_numerics():
+        yield
 
 
 @pytest.fixture(autouse=True)
