@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 from .checks import UsageError, check_choice
@@ -39,6 +40,25 @@ def cpu_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
+
+
+def worker_threads() -> int:
+    """Intra-op threads of every launched CPU worker: OMP_NUM_THREADS when set, else one (taught in notebook 03)."""
+    value = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()  # OpenMP allows "4,2": the outer level
+    return int(value) if value.isdigit() and int(value) > 0 else 1
+
+
+@contextmanager
+def worker_numerics():
+    """Compute this block with the workers' thread count, so a reference in this process sums as a rank does."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(worker_threads())
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def gpu_count() -> int:

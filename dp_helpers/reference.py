@@ -8,6 +8,7 @@ import torch
 
 from .config import TrainConfig
 from .data import make_loader
+from .env import worker_numerics
 from .models import build_model
 from .tasks import held_out_scores, held_out_set, loss_function, train_set
 from .training import make_optimizer, seed_everything, train_step
@@ -22,6 +23,7 @@ class ReferenceResult:
     held_out_accuracy: list[float] = field(default_factory=list)
 
 
+@worker_numerics()  # the workers' thread count: another may sum a kernel in another order, on some CPUs visibly
 def train_reference(cfg: TrainConfig, world_size: int = 1) -> ReferenceResult:
     """Train in this process with the global batch world_size * cfg.batch_size, over the same permutation DDP uses."""
     cfg = replace(cfg, batch_size=world_size * cfg.batch_size)

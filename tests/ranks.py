@@ -18,6 +18,8 @@ import traceback
 from datetime import timedelta
 from pathlib import Path
 
+from dp_helpers.env import worker_threads
+
 POOL_MARKER = "rank-pool"  # the leftover-process check ignores processes started with this DP_TEST_ID
 
 
@@ -57,7 +59,7 @@ class RankPool:
         self.store = tempfile.NamedTemporaryFile(prefix="rank-pool-", delete=False).name
         os.unlink(self.store)  # FileStore creates it
         marker, os.environ["DP_TEST_ID"] = os.environ.get("DP_TEST_ID"), POOL_MARKER
-        env = {"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+        env = {"OMP_NUM_THREADS": str(worker_threads()), "GLOO_SOCKET_IFNAME": "lo"}  # as launched workers
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         try:

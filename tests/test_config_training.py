@@ -90,3 +90,18 @@ def test_reference_learns_and_repeats():
 def test_reference_world_size_means_global_batch():
     res = train_reference(TrainConfig(epochs=2), world_size=4)
     assert len(res.losses) == 2 * 3  # 100 samples / batch 40 -> 3 steps (the last has 20)
+
+
+def test_reference_computes_with_the_workers_threads(monkeypatch):
+    import dp_helpers.reference as reference
+
+    seen, step = [], reference.train_step
+    monkeypatch.setattr(reference, "train_step", lambda *a, **k: seen.append(torch.get_num_threads()) or step(*a, **k))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # a notebook kernel's default on 2 cores
+    try:
+        train_reference(TrainConfig(epochs=1))
+        assert set(seen) == {1} and torch.get_num_threads() == 2  # as a launched rank, then the kernel's again
+    finally:
+        torch.set_num_threads(before)

@@ -78,3 +78,36 @@ def test_device_follows_the_backend():
 
     assert env.device_for("nccl", 1) == torch.device("cuda", 1)
     assert env.device_for("gloo", 1) == torch.device("cpu")
+
+
+@pytest.mark.parametrize("value, threads", [(None, 1), ("3", 3), ("4,2", 4), ("0", 1), ("many", 1)])
+def test_worker_threads_follow_omp_num_threads(monkeypatch, value, threads):
+    if value is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", value)
+    assert env.worker_threads() == threads
+
+
+def test_launched_workers_of_every_world_size_get_the_reference_threads(monkeypatch, tmp_path):
+    from dp_helpers.launch.command import child_env
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    for world_size in (1, 2, 4):  # one thread each, whatever the cores: W = 1 and W = 2 sum alike
+        assert child_env(tmp_path, world_size, "gloo", None)["OMP_NUM_THREADS"] == "1"
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert child_env(tmp_path, 2, "gloo", None)["OMP_NUM_THREADS"] == str(env.worker_threads()) == "3"
+
+
+def test_worker_numerics_computes_with_the_workers_threads_and_restores(monkeypatch):
+    import torch
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with env.worker_numerics():
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..checks import check_int
-from ..env import cpu_cores, resolve_backend
+from ..env import resolve_backend, worker_threads
 from ..runs import prepare_run_dir
 from .args import check_args, check_nodes, plan_world_size, resolve_target
 
@@ -31,11 +31,13 @@ class LaunchPlan:
     progress: int | None = None
 
 
-def child_env(run_dir: Path, world_size: int, backend: str, nnodes: int, extra,
+def child_env(run_dir: Path, world_size: int, backend: str, extra,
               local_rdzv: bool = True, max_restarts: int = 0) -> dict[str, str]:
-    """The workers' environment: rank-prefixed lines, one thread per rank share of cores, gloo on loopback."""
+    """The workers' environment: rank-prefixed lines, the same intra-op threads for every world size, gloo on loopback."""
     env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", str(max(1, cpu_cores() // (world_size // nnodes))))
+    # one thread per CPU rank, as torchrun sets for several: W = 1 and W = 2 then sum alike, and so does an
+    # in-process reference under worker_numerics() (a thread count can change a kernel's order of summation)
+    env.setdefault("OMP_NUM_THREADS", str(worker_threads()))
     if backend == "gloo" and local_rdzv and sys.platform.startswith("linux"):
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # the hostname's interface is flaky on CI runners
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_ROOT), env.get("PYTHONPATH")) if p)
@@ -82,5 +84,5 @@ def plan_launch(script, script_args, world_size, backend, out_dir, timeout, nnod
     run_dir = prepare_run_dir(out_dir, name)
     command = torchrun_command(target, script_args, run_dir, world_size, nnodes, rdzv_endpoint, max_restarts)
     local = nnodes == 1 or str(rdzv_endpoint).rsplit(":", 1)[0] in ("127.0.0.1", "localhost")
-    return LaunchPlan(command, child_env(run_dir, world_size, backend, nnodes, env, local, max_restarts), run_dir,
+    return LaunchPlan(command, child_env(run_dir, world_size, backend, env, local, max_restarts), run_dir,
                       world_size, backend, None if timeout is None else float(timeout), progress)

@@ -17,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from dp_helpers import dist as dph
 from dp_helpers import mini_ddp
 from dp_helpers.collectives import average_gradients
+from dp_helpers.env import worker_numerics
 from dp_helpers.training import bce_loss
 
 
@@ -61,6 +62,7 @@ def weights(model: nn.Module) -> dict:
     return {name: p.tolist() for name, p in getattr(model, "module", model).named_parameters()}
 
 
+@worker_numerics()  # as a rank computes: its thread count
 def train_alone(world_size: int, steps: int = 5) -> dict:
     """The reference: one process, rank 0's initial weights, the whole global batch at every step."""
     model = mlp(seed=0)

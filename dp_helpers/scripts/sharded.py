@@ -16,6 +16,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dp_helpers import dist as dph
 from dp_helpers import zero
+from dp_helpers.env import worker_numerics
 from dp_helpers.scripts.from_scratch import batch, global_batch
 from dp_helpers.scripts.train import counting_hook
 from dp_helpers.training import bce_loss
@@ -135,6 +136,7 @@ def dtensors(info: dph.DistInfo, args) -> list[dict]:
              // max(1, p.shape[1:].numel())} for name, p in model.named_parameters()]
 
 
+@worker_numerics()  # as a rank computes: its thread count
 def alone(world_size: int, steps: int) -> list[list]:
     """The reference: one process, Adam, rank 0's start, the whole global batch at every step."""
     model = mlp(seed=0)
