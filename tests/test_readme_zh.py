@@ -7,7 +7,7 @@ from dp_helpers.__main__ import flag_rows
 
 REPO = Path(__file__).resolve().parent.parent
 EN, ZH = (REPO / "README.md").read_text(encoding="utf-8"), (REPO / "README.zh-CN.md").read_text(encoding="utf-8")
-COMMAND = re.compile(r"^(python (-m |dp_helpers/|tools/)|pip install|pytest|jupyter lab|conda env|srun |bash \.ci)")
+COMMAND = re.compile(r"^(python3? (-m |dp_helpers/|tools/)|pip install|pytest|jupyter lab|conda env|srun |bash \.ci)")
 
 
 def fragments(text: str):
@@ -30,6 +30,19 @@ def flags(text: str) -> set[str]:
 
 def test_the_chinese_readme_has_the_same_commands():
     assert commands(ZH) == commands(EN) and len(commands(EN)) > 10
+
+
+def quick_start_setup(text: str, heading: str) -> list[str]:
+    """The set-up lines of a README's Quick start: its first block up to the first command that uses the course."""
+    block = text.split(f"\n## {heading}\n")[1].split("```bash\n")[1].split("```")[0]
+    lines = [line.split("  #")[0].strip() for line in block.splitlines()]
+    return lines[: next(i for i, line in enumerate(lines) if not line.startswith(("python3 -m venv", "pip install")))]
+
+
+def test_ci_sets_up_with_the_quick_starts_own_commands():
+    body = re.search(r"^setup_course\(\) \{.*?\n(.*?)\n\}", (REPO / ".ci" / "run").read_text(), re.S | re.M).group(1)
+    ci = [line.strip().replace('"$env_dir/', "").replace('"', "") for line in body.splitlines()]
+    assert ci == quick_start_setup(EN, "Quick start") == quick_start_setup(ZH, "快速开始") and len(ci) == 3
 
 
 def test_the_chinese_readme_has_the_same_flags():
