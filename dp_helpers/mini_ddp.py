@@ -96,6 +96,8 @@ class AsyncAllReduce(HookAllReduce):
 
     def finish_backward(self) -> None:
         """The engine callback: wait for this backward's all-reduces; the next backward queues it again."""
+        if self.record:  # the first moment anything waits for an all-reduce: every gradient is ready by now
+            self.events.append({"kind": "wait", "name": "engine callback", "start": self.clock()})
         try:
             self.wait()
             for timer in self.timers:  # the events' end times are written on the backend's thread

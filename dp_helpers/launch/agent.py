@@ -62,7 +62,17 @@ def main(argv: list[str]) -> int:
         write_text_atomic(run_dir / "failures.json", json.dumps(failure_records(exc.failures), indent=1) + "\n")
         print(exc, file=sys.stderr, flush=True)  # torchrun's own table, for people reading the log
         return 1
+    finally:
+        stop_stragglers()
     return 0
+
+
+def stop_stragglers() -> None:
+    """SIGKILL any worker of this launch that outlived torchrun (its shutdown cut short): none may become an orphan."""
+    from .process import marked, send
+
+    for p in marked(os.environ.get("DP_LAUNCH_ID", "")) if os.environ.get("DP_LAUNCH_ID") else []:
+        send(p, signal.SIGKILL)
 
 
 if __name__ == "__main__":
