@@ -160,3 +160,8 @@ class GlobalBatchNorm1d(torch.nn.BatchNorm1d):
             else:
                 cls.convert(child)
         return module
+
+
+def ring_time(nbytes: float, world_size: int, alpha: float, beta: float) -> float:
+    """The alpha-beta model of a ring all-reduce: 2(N-1) steps of latency alpha, 2(N-1)/N of the bytes at beta bytes/s."""
+    return 2 * (world_size - 1) * alpha + 2 * (world_size - 1) / world_size * nbytes / beta

@@ -127,6 +127,11 @@ def worker(main: Callable[[DistInfo], object], **setup_args) -> None:
         main(info)
         teardown()
 
+    exit_without_finalizing(run)
+
+
+def exit_without_finalizing(run: Callable[[], object]) -> None:
+    """Call run(), then end the process with its exit code (1 after an exception, printed) and no finalization."""
     # torch 2.13 keeps the gloo group's threads alive once a DDP model was built, even after
     # destroy_process_group(); interpreter finalization then sometimes aborts the process (SIGABRT
     # "terminate called without an active exception"), also after an exception, whose traceback keeps

@@ -3,19 +3,23 @@
 Every checker prints one line and returns a Verdict, true when correct. An answer left as `...`
 (or a function that still raises NotImplementedError) is "not answered yet", never an error, so a
 notebook runs top to bottom before the learner has written anything.
-The solutions sit in hidden cells of each notebook; tests/test_exercises.py runs every checker
-against a right and a wrong answer.
+The solutions live outside the notebooks, in solutions/<notebook>_<exercise>.py, so that no page shows one
+before it is asked for: `solution("04.1")` displays it. tests/test_exercises.py runs every solution and
+every checker against right and wrong answers.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import math
+from pathlib import Path
 
 import torch
 from torch import nn
 
-from .collectives import naive_ring_bytes, ring_bytes, ring_schedule
+from .checks import UsageError
+from .collectives import naive_ring_bytes, ring_bytes, ring_schedule, ring_time
 from .data import chunk_sizes, sampler_indices
 from .dataparallel import replication_bytes
 from .mini_ddp import assign_buckets
@@ -25,6 +29,8 @@ from .zero import Flat, zero_bytes
 # the value each numeric exercise expects: computed by the package where it holds the rule, a literal where the
 # answer is a word or a limit taken in the notebook's own prose
 ANSWERS = {
+    "00 one-device batch for 4 ranks of 8": lambda: 4 * 8,  # world_size x per-process batch
+    "00 rank 1's total after the all-reduce": lambda: (torch.tensor([10.0, 16.0]) + torch.tensor([6.0, 16.0])).tolist(),
     "01 rows for 17 on 5": lambda: chunk_sizes(17, 5),
     "01 devices with work for 9 on 8": lambda: len(chunk_sizes(9, 8)),
     "01 repeated sample of 11 on 4": lambda: _repeat(sampler_indices(11, 4, shuffle=False)),
@@ -38,6 +44,9 @@ ANSWERS = {
     "05 evaluated and repeated for 10 on 4": lambda: {"evaluated": sum(map(len, sampler_indices(10, 4, shuffle=False))),
                                                    "twice": _repeat(sampler_indices(10, 4, shuffle=False))["samples"]},
     "07 efficiency when t_comm grows": lambda: "lower",
+    "07 faster ring on 8 ranks at 10 us and 10 GB/s": lambda: {
+        label: "naive" if naive_ring_time(n, 8, 10e-6, 10e9) < ring_time(n, 8, 10e-6, 10e9) else "ring"
+        for label, n in (("8 B", 8), ("100 MB", 100e6))},
     "07 DataParallel emulation limit at f = 1/3": lambda: 1.5,
 }
 
@@ -55,6 +64,20 @@ def _repeat(table: list[list[int]]) -> dict:
     flat = [(i, r) for r, idx in enumerate(table) for i in idx]
     twice = sorted({i for i, _ in flat if sum(j == i for j, _ in flat) > 1})
     return {"samples": twice, "ranks": sorted({r for i, r in flat if i in twice})}
+
+
+SOLUTIONS = Path(__file__).resolve().parent.parent / "solutions"
+
+
+def solution(key: str):
+    """Display one answer to exercise `key` ("04.1": notebook 04, exercise 1): for after you have tried."""
+    from .show import show
+
+    path = SOLUTIONS / f"{str(key).replace('.', '_')}.py"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem.replace("_", ".", 1) for p in SOLUTIONS.glob("*.py")))
+        raise UsageError(f"there is no solution {key!r}; the exercises with one are {known}")
+    return show(path)
 
 
 def _unanswered(value) -> bool:
@@ -87,13 +110,88 @@ def verdict(ok: bool, message: str) -> Verdict:
 
 
 def check_answer(key: str, answer) -> Verdict:
-    """A numeric or table answer against the package's own computation of it."""
+    """A numeric, word or table answer against the package's own computation of it."""
     if _unanswered(answer):
         return verdict(False, "replace the ... with your answer and run the cell again.")
-    expected = ANSWERS[key]()
-    if answer == expected:
+    problem = difference(answer, ANSWERS[key]())
+    if problem is None:
         return verdict(True, "that is what this notebook's rules give.")
-    return verdict(False, f"you answered {answer!r}; recheck the rule in this notebook and try again.")
+    return verdict(False, f"{problem}; recheck the rule in this notebook and try again.")
+
+
+# your number / the right one, when the right number came out in the wrong unit
+UNIT_SLIPS = {1e6 / 2**20: "MiB where MB (10^6 bytes) are asked", 2**20 / 1e6: "MB where MiB (2^20 bytes) are asked",
+              1e9 / 2**30: "GiB where GB (10^9 bytes) are asked", 2**30 / 1e9: "GB where GiB (2^30 bytes) are asked",
+              1e3: "a unit 1000 times smaller than the one asked (kB for MB?)",
+              1e-3: "a unit 1000 times larger than the one asked (GB for MB?)",
+              1e6: "bytes where MB are asked", 1e9: "bytes where GB are asked",
+              8: "bits where bytes are asked", 1 / 8: "bytes where bits are asked"}
+YES_NO = {"true": True, "yes": True, "false": False, "no": False}
+
+
+def _plain(value):
+    """A tensor, NumPy value or tuple as the plain Python value it holds."""
+    if hasattr(value, "tolist") and not isinstance(value, (list, dict, str)):
+        return value.tolist()
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def difference(got, want, what: str = "your answer") -> str | None:
+    """Why `got` is not `want` (numbers to 1e-6, words in any case, any natural container type), or None."""
+    got = _plain(got)
+    kind = next((f for t, f in ((bool, _yes_no_difference), (str, _word_difference), (dict, _dict_difference),
+                                (list, _list_difference)) if isinstance(want, t)), None)
+    if kind:
+        return kind(got, want, what)
+    if _number(want):
+        return _number_difference(got, want, what)
+    return None if got == want else f"{what} is {got!r}"
+
+
+def _yes_no_difference(got, want: bool, what: str) -> str | None:
+    yes_no = YES_NO.get(got.strip().lower()) if isinstance(got, str) else got
+    if not isinstance(yes_no, bool):
+        return f"{what} is {got!r}; True or False is asked"
+    return None if yes_no == want else f"{what} is {got!r}"
+
+
+def _word_difference(got, want: str, what: str) -> str | None:
+    if not isinstance(got, str):
+        return f"{what} is {got!r}; a word is asked"
+    return None if got.strip().lower() == want.lower() else f"{what} is {got!r}"
+
+
+def _number_difference(got, want: float, what: str) -> str | None:
+    if not _number(got):
+        return f"{what} is {got!r}; one number is asked"
+    if math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-9):
+        return None
+    slip = next((words for factor, words in UNIT_SLIPS.items() if math.isclose(got, want * factor, rel_tol=1e-3)), None)
+    return f"{what} is {got!r}" + (f": that looks like {slip}" if slip else "")
+
+
+def _list_difference(got, want: list, what: str) -> str | None:
+    if not isinstance(got, list):
+        return f"{what} is {got!r}; a list of {len(want)} values is asked"
+    if len(got) != len(want):
+        return f"{what} has {len(got)} values; {len(want)} are asked"
+    return next(filter(None, (difference(g, w, f"value {i} of {what}") for i, (g, w) in
+                              enumerate(zip(got, want, strict=True)))), None)
+
+
+def _dict_difference(got, want: dict, what: str) -> str | None:
+    """A table answer: the keys named when they differ, then the first value that differs."""
+    if not isinstance(got, dict):
+        return f"{what} is {got!r}; a dict with the keys {sorted(want)} is asked"
+    keys = {str(k).strip().lower(): k for k in got}
+    missing = [k for k in want if k.lower() not in keys]
+    if missing:
+        return f"{what} has the keys {sorted(map(str, got))}; the keys {sorted(want)} are asked"
+    return next(filter(None, (difference(got[keys[k.lower()]], v, f"{what}[{k!r}]") for k, v in want.items())), None)
 
 
 def compare_function(fn, reference, cases, describe, same=None) -> Verdict:
@@ -185,33 +283,42 @@ class RecordingNoSync:
             self.inside = False
 
 
-def _accumulation_problem(fn, k: int) -> str | None:
-    """What is wrong with fn as an accumulation step over k micro-batches, or None."""
-    gen = torch.Generator().manual_seed(k)
-    x, y = torch.randn(4 * k, 6, generator=gen), torch.rand(4 * k, generator=gen)
+def _accumulation_problem(fn, sizes: tuple[int, ...]) -> str | None:
+    """What is wrong with fn as an accumulation step over micro-batches of these sizes, or None."""
+    gen = torch.Generator().manual_seed(len(sizes))
+    x, y = torch.randn(sum(sizes), 6, generator=gen), torch.rand(sum(sizes), generator=gen)
     mine, ref = (nn.Sequential(nn.Linear(6, 1), nn.Sigmoid()) for _ in range(2))
     ref.load_state_dict(mine.state_dict())
+    for p in mine.parameters():
+        p.grad = torch.ones_like(p)  # a previous step's gradients, which this step must clear first
     opt, ref_opt = torch.optim.SGD(mine.parameters(), lr=0.5), torch.optim.SGD(ref.parameters(), lr=0.5)
     no_sync = RecordingNoSync(mine)
-    fn(mine, list(zip(x.chunk(k), y.chunk(k), strict=True)), opt, no_sync)
+    fn(mine, list(zip(x.split(list(sizes)), y.split(list(sizes)), strict=True)), opt, no_sync)
     train_step(ref, x, y, ref_opt)
+    k = len(sizes)
     if no_sync.forwards != [True] * (k - 1) + [False]:
         return f"with {k} micro-batches, forwards inside no_sync were {no_sync.forwards}; expected all but the last."
-    if not all(torch.allclose(a, b, atol=1e-6) for a, b in zip(mine.parameters(), ref.parameters(), strict=True)):
-        return f"with {k} micro-batches the weights differ from one step on the whole batch (divide each loss by k?)."
-    return None
+    if all(torch.allclose(a, b, atol=1e-6) for a, b in zip(mine.parameters(), ref.parameters(), strict=True)):
+        return None
+    if all(torch.allclose(a, b - 0.5, atol=1e-5) for a, b in zip(mine.parameters(), ref.parameters(), strict=True)):
+        return "the gradients of the previous step were still there: call optimizer.zero_grad() first."
+    if len(set(sizes)) > 1:
+        return (f"with micro-batches of {list(sizes)} samples the weights differ from one step on the whole batch: "
+                "weight each loss by its share of the samples (len(inputs) / total), not by 1/k.")
+    return f"with {k} micro-batches the weights differ from one step on the whole batch (divide each loss by k?)."
 
 
 def check_accumulate(fn) -> Verdict:
     """Notebook 05: fn(model, micro_batches, optimizer, no_sync) takes one step equal to one step on the whole batch."""
-    for k in (1, 2, 3, 5):
+    for sizes in ((4,), (4, 4), (4, 4, 4), (4, 4, 4, 4, 4), (4, 4, 1), (5, 3)):
         try:
-            problem = _accumulation_problem(fn, k)
+            problem = _accumulation_problem(fn, sizes)
         except NotImplementedError:
             return verdict(False, "your function still raises NotImplementedError: write its body.")
         if problem:
             return verdict(False, problem)
-    return verdict(True, "one optimizer step equal to the large batch, and only the last backward synchronises.")
+    return verdict(True, "one optimizer step equal to the large batch, with equal and unequal micro-batches, and only "
+                         "the last backward synchronises.")
 
 
 def naive_ring_time(bytes_: float, world_size: int, latency: float, bandwidth: float) -> float:

@@ -340,3 +340,27 @@ def plot_memory_per_rank(held: dict, predicted: dict | None = None, ax=None):
     ax.set_ylabel("KiB held by one rank")
     ax.legend(fontsize="small")
     return ax
+
+
+def plot_ddp_picture(world_size: int = 2, ax=None):
+    """DDP in one picture (notebook 00): a batch in shards, a model copy per rank, the all-reduce, the same step."""
+    ax = _get_ax(ax)
+    rows = [world_size - 1 - r for r in range(world_size)]
+    mid = (world_size - 1) / 2
+    _box(ax, 0, mid, f"global batch\n{world_size} shards")
+    for rank, y in enumerate(rows):
+        ax.annotate("", (0.95, y), (0.45, mid), arrowprops={"arrowstyle": "->", "color": f"C{rank}"})
+        _box(ax, 1.75, y, f"rank {rank}: a full model copy\nforward + backward\non shard {rank}: gradient g{rank}")
+        ax.annotate("", (3.15, mid), (2.6, y), arrowprops={"arrowstyle": "->", "color": f"C{rank}"})
+        ax.annotate("", (4.55, y), (4.05, mid), arrowprops={"arrowstyle": "->", "color": "gray"})
+        _box(ax, 5.35, y, f"rank {rank}: optimizer.step()\nwith the average\n→ the same weights")
+    mean = " + ".join(f"g{r}" for r in range(world_size))
+    _box(ax, 3.6, mid, f"all-reduce\n({mean}) / {world_size}\nevery rank gets it")
+    ax.text(3.6, mid + 0.45, "during backward()", ha="center", fontsize="small", color="gray")
+    ax.text(0, mid - 0.45, "(DDP(model) gave every\nrank rank 0's weights)", ha="center", va="top", fontsize="x-small",
+            color="gray")
+    ax.set_xlim(-0.6, 6.3)
+    ax.set_ylim(-0.5, world_size - 0.5)
+    ax.axis("off")
+    ax.set_title(f"one training step of DistributedDataParallel on {world_size} processes")
+    return ax

@@ -6,7 +6,10 @@ learner reads is exactly what runs, and an edit to the package shows up the next
 
 from __future__ import annotations
 
+import difflib
+import html
 import inspect
+import itertools
 import textwrap
 from pathlib import Path
 
@@ -42,3 +45,40 @@ def show(*objs):
     from IPython.display import Code
 
     return Code(source(*objs), language="python")
+
+
+class SideBySide:
+    """Two files' changed lines next to each other (HTML in Jupyter), a unified diff everywhere else."""
+
+    def __init__(self, left: Path, right: Path, context: int = 1):
+        self.names = (where(left), where(right))
+        self.lines = [Path(p).read_text(encoding="utf-8").splitlines() for p in (left, right)]
+        self.context = context
+
+    def rows(self) -> list[tuple[str, str, bool]]:
+        """(left line, right line, changed) for every changed line and its context; ('⋯', '⋯', False) between."""
+        a, b = self.lines
+        rows = []
+        for group in difflib.SequenceMatcher(None, a, b, autojunk=False).get_grouped_opcodes(self.context):
+            rows += [("⋯", "⋯", False)] if rows else []
+            for tag, i1, i2, j1, j2 in group:
+                left, right = a[i1:i2], b[j1:j2]
+                width = max(len(left), len(right))
+                rows += [(x, y, tag != "equal") for x, y in itertools.zip_longest(left, right, fillvalue="")][:width]
+        return rows
+
+    def _repr_html_(self) -> str:
+        cell = '<td style="text-align:left;white-space:pre;font-family:monospace;font-size:85%">{}</td>'
+        body = "".join("<tr>" + "".join(cell.format(f"<mark>{html.escape(t)}</mark>" if changed and t else
+                                                    html.escape(t)) for t in (x, y)) + "</tr>"
+                       for x, y, changed in self.rows())
+        head = "".join(f"<th style='text-align:left'>{html.escape(n)}</th>" for n in self.names)
+        return f"<table><tr>{head}</tr>{body}</table>"
+
+    def __repr__(self) -> str:
+        return "\n".join(difflib.unified_diff(*self.lines, *self.names, n=self.context, lineterm=""))
+
+
+def show_diff(left, right, context: int = 1) -> SideBySide:
+    """Display what changes from the file `left` to the file `right`, side by side (notebook 00)."""
+    return SideBySide(Path(left), Path(right), context)

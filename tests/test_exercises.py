@@ -1,5 +1,7 @@
 """Every exercise checker says correct for the reference answer and not yet for a wrong or missing one."""
 
+import runpy
+
 import pytest
 import torch
 from torch import nn
@@ -8,6 +10,8 @@ from dp_helpers import exercises as ex
 from dp_helpers.data import chunk_sizes
 
 RIGHT = {
+    "00 one-device batch for 4 ranks of 8": 32,
+    "00 rank 1's total after the all-reduce": [16.0, 32.0],
     "01 rows for 17 on 5": [4, 4, 4, 4, 1],
     "01 devices with work for 9 on 8": 5,
     "01 repeated sample of 11 on 4": {"samples": [0], "ranks": [0, 3]},
@@ -18,6 +22,7 @@ RIGHT = {
     "05 evaluated and repeated for 10 on 4": {"evaluated": 12, "twice": [0, 1]},
     "06 GB per rank for 1e9 parameters, ZeRO-2 on 8": 5.5,  # 4 bytes of parameters + (4 + 8) / 8 bytes, per parameter
     "07 efficiency when t_comm grows": "lower",
+    "07 faster ring on 8 ranks at 10 us and 10 GB/s": {"8 B": "naive", "100 MB": "ring"},
     "07 DataParallel emulation limit at f = 1/3": 1.5,
 }
 
@@ -62,10 +67,11 @@ def ring_step(rank, step, world_size):
 
 def accumulate(model, micro_batches, optimizer, no_sync):
     optimizer.zero_grad()
+    total = sum(len(x) for x, _ in micro_batches)
     for j, (x, y) in enumerate(micro_batches):
         context = no_sync() if j < len(micro_batches) - 1 else torch.enable_grad()
         with context:
-            (nn.functional.binary_cross_entropy(model(x), y.unsqueeze(1)) / len(micro_batches)).backward()
+            (nn.functional.binary_cross_entropy(model(x), y.unsqueeze(1)) * len(x) / total).backward()
     optimizer.step()
 
 
@@ -83,6 +89,23 @@ def accumulate_no_division(model, micro_batches, optimizer, no_sync):
     for j, (x, y) in enumerate(micro_batches):
         with no_sync() if j < len(micro_batches) - 1 else torch.enable_grad():
             nn.functional.binary_cross_entropy(model(x), y.unsqueeze(1)).backward()
+    optimizer.step()
+
+
+def accumulate_by_k(model, micro_batches, optimizer, no_sync):
+    """Right for equal micro-batches only: 1/k weighs a short one as much as a full one."""
+    optimizer.zero_grad()
+    for j, (x, y) in enumerate(micro_batches):
+        with no_sync() if j < len(micro_batches) - 1 else torch.enable_grad():
+            (nn.functional.binary_cross_entropy(model(x), y.unsqueeze(1)) / len(micro_batches)).backward()
+    optimizer.step()
+
+
+def accumulate_without_zero_grad(model, micro_batches, optimizer, no_sync):
+    total = sum(len(x) for x, _ in micro_batches)
+    for j, (x, y) in enumerate(micro_batches):
+        with no_sync() if j < len(micro_batches) - 1 else torch.enable_grad():
+            (nn.functional.binary_cross_entropy(model(x), y.unsqueeze(1)) * len(x) / total).backward()
     optimizer.step()
 
 
@@ -120,6 +143,8 @@ def not_written(*args):
     (ex.check_ring_step, ring_step, lambda r, s, w: ((r + s) % w, (r + s + 1) % w), "expected"),
     (ex.check_accumulate, accumulate, accumulate_forward_outside, "inside no_sync"),
     (ex.check_accumulate, accumulate, accumulate_no_division, "divide each loss by k"),
+    (ex.check_accumulate, accumulate, accumulate_by_k, "not by 1/k"),
+    (ex.check_accumulate, accumulate, accumulate_without_zero_grad, "call optimizer.zero_grad() first"),
     (ex.check_buckets, buckets, buckets_below_cap, "expected"),
     (ex.check_chunk, chunk, lambda n, w, r: (r * n // w, (r + 1) * n // w), "expected"),
     (ex.check_naive_ring_time, ex.naive_ring_time, lambda b, w, a, bw: 2 * (w - 1) * (a + b / w / bw), "expected"),
@@ -137,3 +162,44 @@ def test_function_checkers_both_ways(checker, right, wrong, words, capsys):
 
 def test_scatter_reference_is_the_chunk_rule():
     assert [len(p) for p in scatter(torch.arange(10), 8)] == chunk_sizes(10, 8)
+
+
+@pytest.mark.parametrize("got, want", [
+    (1 / (1 - 1 / 3), 1.5), ("Lower", "lower"), (" lower ", "lower"), ((4, 4, 1), [4, 4, 1]), (torch.tensor(2), 2),
+    (torch.tensor([16.0, 32.0]), [16.0, 32.0]), ({"Ring": 175, "naive": 700.0}, {"ring": 175.0, "naive": 700.0}),
+    ("no", False), (True, True), (2.0, 2),
+])
+def test_natural_answers_are_accepted(got, want):
+    assert ex.difference(got, want) is None
+
+
+@pytest.mark.parametrize("got, want, words", [
+    (4, [4, 4, 4, 4, 1], "a list of 5 values is asked"),
+    ([4, 4], [4, 4, 1], "has 2 values; 3 are asked"),
+    ([4, 4, 2], [4, 4, 1], "value 2 of your answer is 2"),
+    (166.893, 175.0, "MiB where MB (10^6 bytes) are asked"),
+    (5.5e9, 5.5, "bytes where GB are asked"),
+    ({"ring": 175.0}, {"ring": 175.0, "naive": 700.0}, "the keys ['naive', 'ring'] are asked"),
+    ({"ring": 175.0, "naive": 7.0}, {"ring": 175.0, "naive": 700.0}, "your answer['naive'] is 7.0"),
+    ("higher", "lower", "your answer is 'higher'"),
+    (1, True, "True or False is asked"),
+    ("lower", 1.5, "one number is asked"),
+])
+def test_wrong_answers_are_named(got, want, words):
+    assert words in ex.difference(got, want)
+
+
+SOLUTIONS = sorted(ex.SOLUTIONS.glob("*.py"))
+SCRIPTS = {"00_1.py"}  # DDP scripts: tests/test_script_check.py launches them
+
+
+@pytest.mark.parametrize("path", [p for p in SOLUTIONS if p.name not in SCRIPTS], ids=lambda p: p.name)
+def test_every_solution_passes_its_checker(path, capsys):
+    runpy.run_path(str(path), run_name="__main__")  # each ends with `assert check_...(...)`
+    assert capsys.readouterr().out.splitlines()[-1].startswith("correct")
+
+
+def test_solution_shows_the_file_and_names_the_keys_when_wrong():
+    assert "answer_2 = 4 * 8" in ex.solution("00.2").data
+    with pytest.raises(ex.UsageError, match="there is no solution '9.9'; the exercises with one are 00.1, 00.2"):
+        ex.solution("9.9")

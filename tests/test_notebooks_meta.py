@@ -22,7 +22,7 @@ def code_cells(path):
 
 
 def test_there_are_notebooks():
-    assert [p.name[:2] for p in NOTEBOOKS] == [f"{i:02d}" for i in range(1, len(NOTEBOOKS) + 1)]
+    assert [p.name[:2] for p in NOTEBOOKS] == [f"{i:02d}" for i in range(len(NOTEBOOKS))]  # 00 first: start here
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -52,16 +52,36 @@ def test_at_least_five_checks(path):
     assert len(re.findall(r"^\s*assert |assert_close\(", source, re.M)) >= 5
 
 
+def exercises(path) -> list[str]:
+    """The numbers of a notebook's exercises: the bold '**k.' that opens each in its Exercises section."""
+    text = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "markdown")
+    return re.findall(r"^\*\*(\d+)\.", text.split("## Exercises", 1)[1], re.M)
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_exercises_hide_their_solutions_and_one_asks_for_code(path):
+def test_no_solution_is_on_the_page_and_one_exercise_asks_for_code(path):
     cells = code_cells(path)
-    hidden = [c for c in cells if c.metadata.get("jupyter", {}).get("source_hidden")]
-    assert hidden and all(c.metadata["jupyter"].get("outputs_hidden") for c in hidden)
-    # JupyterLab shows a collapsed cell's first line, Colab a form's title: neither may give the answer away
-    assert all(c.source.startswith("# @title Solution") and c.metadata.get("cellView") == "form" for c in hidden)
-    asks = [i for i, c in enumerate(cells) if re.search(r"^check_\w+\(", c.source, re.M) and c not in hidden]
-    assert asks and all(cells[i + 1] in hidden for i in asks)  # every exercise is followed by its solution
-    assert any("raise NotImplementedError" in cells[i].source for i in asks)  # at least one asks for code
+    assert not any(c.metadata.get("jupyter", {}).get("source_hidden") or "@title Solution" in c.source for c in cells)
+    asks = [c for c in cells if re.search(r"^check_\w+\(", c.source, re.M)]
+    assert asks and any("raise NotImplementedError" in c.source or "check_ddp_script" in c.source for c in asks)
+    number = path.name[:2]
+    assert exercises(path) == [str(k) for k in range(1, len(exercises(path)) + 1)] and len(asks) >= len(exercises(path))
+    # every exercise has its solution, outside the notebook, and the notebook says how to show it
+    assert sorted(p.stem for p in (REPO / "solutions").glob(f"{number}_*.py")) == [f"{number}_{k}" for k in
+                                                                                   exercises(path)]
+    assert f'solution("{number}.1")' in "\n".join(c.source for c in nbformat.read(path, as_version=4).cells)
+
+
+def test_every_solution_belongs_to_an_exercise():
+    known = {f"{p.name[:2]}_{k}" for p in NOTEBOOKS for k in exercises(p)}
+    assert {p.stem for p in (REPO / "solutions").glob("*.py")} == known
+
+
+def test_the_first_notebook_maps_the_whole_route():
+    route = nbformat.read(NOTEBOOKS[0], as_version=4).cells
+    table = next(c.source for c in route if c.source.startswith("## 6. The route"))
+    for path in NOTEBOOKS[1:]:
+        assert f"]({path.name})" in table and re.search(rf"^\| {path.name[:2]} \|.*\| \d+ min", table, re.M), path.name
 
 
 def exported_names() -> set[str]:

@@ -1,4 +1,4 @@
-"""Check or re-execute the lesson notebooks: `python tools/notebooks.py check | execute [NOTEBOOK ...]`.
+"""Check, re-execute or time the lesson notebooks: `python tools/notebooks.py check | execute | times [NOTEBOOK ...]`.
 
 `execute` runs each notebook top to bottom on this machine (CPU is fine) in the current Python
 environment, writes the outputs back and strips volatile metadata. `check` verifies what CI needs:
@@ -9,6 +9,7 @@ headings present.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -71,10 +72,23 @@ def execute(path: Path, timeout: int = 1200) -> None:
     nbformat.write(nb, path)
 
 
+READING_WPM, CODE_LINES_PER_MIN, MIN_PER_EXERCISE = 150, 12, 4  # a learner's pace, for the route's estimates
+
+
+def minutes(path: Path) -> dict:
+    """A notebook's size and the minutes a learner needs to read it and do its exercises (running excluded)."""
+    cells = nbformat.read(path, as_version=4).cells
+    words = sum(len(c.source.split()) for c in cells if c.cell_type == "markdown")
+    lines = sum(len(c.source.splitlines()) for c in cells if c.cell_type == "code")
+    exercises = sum(bool(re.search(r"^check_\w+\(", c.source, re.M)) for c in cells if c.cell_type == "code")
+    estimate = words / READING_WPM + lines / CODE_LINES_PER_MIN + exercises * MIN_PER_EXERCISE
+    return {"words": words, "code lines": lines, "exercises": exercises, "minutes": round(estimate)}
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI: check (exit 1 on any problem) or execute."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=("check", "execute"))
+    parser.add_argument("command", choices=("check", "execute", "times"))
     parser.add_argument("notebooks", nargs="*", type=Path)
     args = parser.parse_args(argv)
     paths = args.notebooks or sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
@@ -82,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
         for path in paths:
             print(f"executing {path.name} ...", flush=True)
             execute(path)
+        return 0
+    if args.command == "times":
+        for path in paths:
+            print(path.name, minutes(path))
         return 0
     bad = {p.name: problems(p) for p in paths}
     for name, found in bad.items():
