@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 
 from .env import worker_numerics
-from .exercises import Verdict, verdict
-from .launch import DistributedRunError, RunTimeoutError, run_ddp
+from .exercises import Verdict, _unanswered, difference, verdict
+from .launch import DistributedRunError, RunTimeoutError, run_ddp, run_json
 from .scripts.probe import COLLECTIVES, GROUP_TIMEOUT_S
 
 TEMPLATE = Path(__file__).resolve().parent / "scripts" / "one_device_loop.py"
@@ -45,17 +45,21 @@ class Outcome:
 
 
 def start_ddp_exercise(path="my_ddp.py") -> None:
-    """Copy the one-device loop to `path` to edit (a file already there is kept: it may be your work)."""
-    path = Path(path)
+    """Notebook 00: copy the one-device loop to `path` to edit (a file already there is kept: it may be your work)."""
+    copy_template(TEMPLATE, Path(path), "the one-device loop", "turn it into DDP", "check_ddp_script")
+
+
+def copy_template(template: Path, path: Path, what: str, task: str, checker: str) -> None:
+    """Copy an exercise's starting file to path unless one is there already, and say what to do next."""
     if not path.exists():
-        shutil.copyfile(TEMPLATE, path)
-    print(f"{path}: {'the one-device loop, ready to edit' if same_as_template(path) else 'your script, kept'}. "
-          f"Open it in the editor, turn it into DDP, then run check_ddp_script({str(path)!r}).")
+        shutil.copyfile(template, path)
+    print(f"{path}: {what + ', ready to edit' if same_as_template(path, template) else 'your file, kept'}. "
+          f"Open it in the editor, {task}, then run {checker}({str(path)!r}).")
 
 
-def same_as_template(path: Path) -> bool:
-    """Whether the file is still the untouched one-device loop."""
-    return path.read_text(encoding="utf-8") == TEMPLATE.read_text(encoding="utf-8")
+def same_as_template(path: Path, template: Path = TEMPLATE) -> bool:
+    """Whether the file is still the untouched starting file."""
+    return path.read_text(encoding="utf-8") == template.read_text(encoding="utf-8")
 
 
 def epoch_losses(lines: list[str]) -> list[float]:
@@ -202,17 +206,25 @@ def result_problem(outcome: Outcome, reference: Outcome, world_size: int) -> str
     return None
 
 
-def check_ddp_script(path="my_ddp.py") -> Verdict:
-    """Notebook 00: the learner's DDP script on 2 and 3 gloo ranks against the one-device loop on the global batch."""
-    path = Path(path)
+def file_problem(path: Path, template: Path, untouched: str) -> str | None:
+    """Why the learner's file cannot run yet (missing, untouched, a syntax error), before anything is launched."""
     if not path.exists():
-        return verdict(False, f"there is no {path} yet: run start_ddp_exercise({str(path)!r}) first.")
-    if same_as_template(path):
-        return verdict(False, f"{path} is still the one-device loop: turn it into DDP, save it, run this again.")
+        return f"there is no {path} yet: run the cell above this one first."
+    if same_as_template(path, template):
+        return f"{path} is still {untouched}: edit it, save it, run this again."
     try:
         compile(path.read_text(encoding="utf-8"), str(path), "exec")
     except SyntaxError as exc:
-        return verdict(False, f"{path}, line {exc.lineno}: {exc.msg}.")
+        return f"{path}, line {exc.lineno}: {exc.msg}."
+    return None
+
+
+def check_ddp_script(path="my_ddp.py") -> Verdict:
+    """Notebook 00: the learner's DDP script on 2 and 3 gloo ranks against the one-device loop on the global batch."""
+    path = Path(path)
+    early = file_problem(path, TEMPLATE, "the one-device loop")
+    if early:
+        return verdict(False, early)
     reference, folder = one_device(), Path(tempfile.mkdtemp(prefix="ddp-check-"))  # kept when a run fails: its logs
     for world_size in (2, 3):
         outcome = launch(path, world_size, folder)
@@ -224,3 +236,135 @@ def check_ddp_script(path="my_ddp.py") -> Verdict:
     shutil.rmtree(folder, ignore_errors=True)
     return verdict(True, f"on 2 and 3 ranks your script ends with the weights and prints the losses of one device "
                          f"on the global batch of {GLOBAL_BATCH}; rank 0 alone saved and printed.")
+
+
+CORE_TEMPLATE = Path(__file__).resolve().parent / "templates" / "my_ddp_core.py"
+CORE_CAP = 4000  # bytes: the 32-wide MLP's 7 gradients (the largest 4,096 bytes) fall into 3 buckets
+
+
+def start_my_ddp_exercise(path="my_ddp_core.py") -> None:
+    """Notebook 04: copy the MyDDP skeleton to `path` to edit (a file already there is kept: it may be your work)."""
+    copy_template(CORE_TEMPLATE, Path(path), "the MyDDP skeleton", "write ready() and launch()", "check_my_ddp")
+
+
+def bucket_problem(step: dict, buckets: int, where: str) -> str | None:
+    """Buckets launched too few, too often, out of order or only after the backward, in one step, or None."""
+    kinds = [e["kind"] for e in step["events"]]
+    launched = [e["arg"] for e in step["events"] if e["kind"] == "launch"]
+    if sorted(launched) != list(range(buckets)):
+        return (f"{where}, the buckets launched were {launched} of {list(range(buckets))}: launch(k) must run once per "
+                "bucket, as soon as all of bucket k's gradients are ready (and those of the buckets before it).")
+    if launched != sorted(launched):
+        return (f"{where}, the buckets were launched in the order {launched}: launch them by index, 0 first, a full "
+                "bucket waiting for the ones before it; two ranks whose gradients arrive in another order would "
+                "otherwise all-reduce different buckets together.")
+    if kinds.index("launch") > len(kinds) - 1 - kinds[::-1].index("ready"):
+        return (f"{where}, every all-reduce started after the last gradient was ready: launch a bucket inside ready(), "
+                "as soon as it is full, so that it travels while the backward computes the rest.")
+    return None
+
+
+def gradient_problem(step: dict, world_size: int, where: str) -> str | None:
+    """Averaged gradients that differ from DDP's, with the likely cause, or None."""
+    if abs(step["ratio"] - world_size) < 0.05 * world_size:
+        return (f"{where}, your gradients are {world_size}x DDP's: the all-reduce sums, so divide each bucket by "
+                "the world size.")
+    if abs(step["ratio"] - 1 / world_size) < 0.05 / world_size:
+        return f"{where}, your gradients are 1/{world_size} of DDP's: they are divided by the world size twice."
+    if step["gap"] > 1e-5:
+        return f"{where}, your gradients differ from DDP's by up to {step['gap']:.3g}."
+    return None
+
+
+def check_my_ddp(path="my_ddp_core.py") -> Verdict:
+    """Notebook 04: the learner's MyDDP on 2 gloo ranks against torch's DDP: buckets, their order, the gradients."""
+    path = Path(path)
+    early = file_problem(path, CORE_TEMPLATE, "the MyDDP skeleton")
+    if early:
+        return verdict(False, early)
+    folder = Path(tempfile.mkdtemp(prefix="my-ddp-check-"))
+    try:
+        ranks = run_json("my_ddp_check", "my_ddp", "--module", str(path.resolve()), "--cap", CORE_CAP, world_size=2,
+                         backend="gloo", out_dir=folder / "run", timeout=LAUNCH_TIMEOUT_S)
+    except DistributedRunError as exc:
+        return verdict(False, failure_sentence(exc, {}, 2, folder / "run"))
+    for rank, record in enumerate(ranks):
+        for s, step in enumerate(record["steps"], start=1):
+            where = f"on rank {rank}, step {s}"
+            problem = bucket_problem(step, record["buckets"], where) or gradient_problem(step, len(ranks), where)
+            if problem:
+                return verdict(False, problem)
+        if record["weight_gap"] > 1e-5:
+            return verdict(False, f"on rank {rank} the weights end {record['weight_gap']:.3g} away from DDP's.")
+    shutil.rmtree(folder, ignore_errors=True)
+    return verdict(True, f"on 2 ranks, {len(ranks[0]['steps'])} steps: {ranks[0]['buckets']} buckets launched in order "
+                         "during the backward, gradients and weights equal to torch's DistributedDataParallel.")
+
+
+ZERO1_TEMPLATE = Path(__file__).resolve().parent / "templates" / "my_zero1.py"
+
+
+def start_my_zero1_exercise(path="my_zero1.py") -> None:
+    """Notebook 06: copy the MyZero1 skeleton to `path` to edit (a file already there is kept: it may be your work)."""
+    copy_template(ZERO1_TEMPLATE, Path(path), "the MyZero1 skeleton", "write step()", "check_my_zero1")
+
+
+def zero1_problem(ranks: list[dict]) -> str | None:
+    """What a ZeRO-1 run did wrong (the collectives, the state kept, the ranks' weights, the result), or None."""
+    world_size, numel = len(ranks), ranks[0]["numel"]
+    chunk = -(-numel // world_size)
+    for s, calls in enumerate((st["calls"] for st in ranks[0]["steps"]), start=1):
+        names = [c["name"] for c in calls]
+        if "all_reduce" in names:
+            return (f"step {s} all-reduced the whole gradient: then every rank holds all of it; reduce-scatter it, so "
+                    f"that each rank receives only its chunk of {chunk} values.")
+        if not any(n.startswith("reduce_scatter") for n in names) or not any(n.startswith("all_gather") for n in names):
+            return f"step {s} called {names or 'no collective'}: ZeRO-1 needs one reduce-scatter and one all-gather."
+    kept = [r["state"] for r in ranks]
+    if any(k > chunk for k in kept):
+        return f"the ranks keep {kept} values of optimizer state: each needs only its chunk, {chunk}."
+    if any(r["weights"] != ranks[0]["weights"] for r in ranks[1:]):
+        return "the ranks' weights differ after training: all-gather every rank's updated chunk into the parameters."
+    for s, st in enumerate(ranks[0]["steps"], start=1):
+        if st["gap"] > 1e-5:
+            if st["gap_if_summed"] <= 1e-5:
+                return f"step {s} used the sum of the ranks' gradients: divide the reduce-scattered chunk by world_size."
+            return (f"after step {s} the weights differ from one process on the global batch by {st['gap']:.3g}: is "
+                    "each rank updating exactly its own chunk, rank * chunk to (rank + 1) * chunk?")
+    return None
+
+
+def check_my_zero1(path="my_zero1.py") -> Verdict:
+    """Notebook 06: the learner's ZeRO-1 step on 2 and 3 gloo ranks against one process with the global batch."""
+    path = Path(path)
+    early = file_problem(path, ZERO1_TEMPLATE, "the MyZero1 skeleton")
+    if early:
+        return verdict(False, early)
+    folder = Path(tempfile.mkdtemp(prefix="my-zero1-check-"))
+    for world_size in (2, 3):
+        try:
+            ranks = run_json("my_zero1_check", "my_zero1", "--module", str(path.resolve()), world_size=world_size,
+                             backend="gloo", out_dir=folder / f"w{world_size}", timeout=LAUNCH_TIMEOUT_S)
+        except DistributedRunError as exc:
+            return verdict(False, failure_sentence(exc, {}, world_size, folder / f"w{world_size}"))
+        problem = zero1_problem(ranks)
+        if problem:
+            return verdict(False, f"on {world_size} ranks, {problem}")
+    shutil.rmtree(folder, ignore_errors=True)
+    return verdict(True, "on 2 and 3 ranks: one reduce-scatter and one all-gather a step, 1/world_size of the momentum "
+                         "on each rank, and the weights of one process on the global batch.")
+
+
+def check_memory_prediction(prediction: dict, stage: int = 2, world_size: int = 3, width: int = 64,
+                            depth: int = 2) -> Verdict:
+    """Notebook 06: the bytes a rank holds under ZeRO-`stage` with fp32 Adam, predicted, then measured on real ranks."""
+    if _unanswered(prediction):
+        return verdict(False, "replace each ... with your prediction in bytes, then run the cell again.")
+    ranks = run_json("sharded", "memory", "--experiment", "memory", "--strategies", f"ZeRO-{stage}", "--width", width,
+                     "--depth", depth, "--steps", 2, world_size=world_size, backend="gloo", timeout=LAUNCH_TIMEOUT_S)
+    measured = ranks[0][f"ZeRO-{stage}"]["held"]
+    problem = difference(prediction, measured, "your prediction")
+    if problem:
+        return verdict(False, f"{problem}; measured on rank 0 of {world_size}: {measured}. Mind the padding of the flat "
+                              "buffer to a multiple of the world size, and Adam's 4-byte step counter.")
+    return verdict(True, f"measured on {world_size} gloo ranks, rank 0 holds exactly what you predicted: {measured}.")

@@ -108,8 +108,8 @@ def train(strategy, info: dph.DistInfo, steps: int) -> list[float]:
 def weights(info: dph.DistInfo, args) -> dict:
     """Every strategy from a different start per rank: its full weights after training."""
     out = {}
-    for name, build in STRATEGIES.items():
-        strategy = build(mlp(seed=info.rank), **ADAM)
+    for name in args.strategies or list(STRATEGIES):
+        strategy = STRATEGIES[name](mlp(seed=info.rank), **ADAM)
         train(strategy, info, args.steps)
         out[name] = [t.tolist() for t in strategy.full_weights()]
     return out
@@ -118,8 +118,8 @@ def weights(info: dph.DistInfo, args) -> dict:
 def memory(info: dph.DistInfo, args) -> dict:
     """Every strategy on a wider MLP: bytes held after a step, bytes handed to collectives per step, median step time."""
     out = {}
-    for name, build in STRATEGIES.items():
-        strategy = build(mlp(seed=0, width=args.width, depth=args.depth), **ADAM)
+    for name in args.strategies or list(STRATEGIES):
+        strategy = STRATEGIES[name](mlp(seed=0, width=args.width, depth=args.depth), **ADAM)
         seconds = train(strategy, info, args.steps)
         grads = [zero.local(p.grad) for p in strategy.model.parameters() if p.grad is not None]
         out[name] = {"held": strategy.held(), "sent_per_step": {k: v // args.steps for k, v in strategy.sent.items()},
@@ -159,6 +159,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--width", type=int, default=256, help="the memory experiment's hidden width")
     parser.add_argument("--depth", type=int, default=4, help="the memory experiment's hidden layers")
+    parser.add_argument("--strategies", choices=sorted(STRATEGIES), nargs="+", help="the memory experiment's (default: all)")
     return parser.parse_args(argv)
 
 
