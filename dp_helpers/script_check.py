@@ -25,12 +25,21 @@ import torch
 from .env import worker_numerics
 from .exercises import Verdict, _unanswered, difference, verdict
 from .launch import DistributedRunError, RunTimeoutError, run_ddp, run_json
-from .scripts.probe import COLLECTIVES, GROUP_TIMEOUT_S
+from .scripts.probe import COLLECTIVES, group_timeout_s
 
 TEMPLATE = Path(__file__).resolve().parent / "scripts" / "one_device_loop.py"
 GLOBAL_BATCH = 48  # the template's 960 samples make 20 full steps an epoch on 1, 2 and 3 ranks (24 and 16 each)
 EPOCHS = 4
 LAUNCH_TIMEOUT_S = 90
+ON_CPU = {"CUDA_VISIBLE_DEVICES": ""}  # the exercises run on gloo CPU ranks, also on a machine with GPUs
+
+
+def log_folder(name: str) -> Path:
+    """This exercise's folder for the launches' logs, emptied at each check (the last failed run's stays to read)."""
+    folder = Path(tempfile.gettempdir()) / "dp-course-checks" / name
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return folder
 EPOCH_LINE = re.compile(r"epoch\D*(\d+).*?loss\D*?(-?\d+\.\d+(?:e-?\d+)?)", re.I)
 
 
@@ -92,7 +101,7 @@ def launch(path: Path, world_size: int, folder: Path) -> Outcome | str:
     try:
         result = run_ddp("dp_helpers.scripts.probe", str(path.resolve()), "--batch-size", GLOBAL_BATCH // world_size,
                          "--out", str(out), world_size=world_size, backend="gloo", out_dir=run_dir,
-                         timeout=LAUNCH_TIMEOUT_S, echo=False)
+                         timeout=LAUNCH_TIMEOUT_S, echo=False, env=ON_CPU)
     except DistributedRunError as exc:  # RunTimeoutError too
         return failure_sentence(exc, read_probes(run_dir), world_size, run_dir)
     lines = [line.split("] ", 1) for line in result.log.splitlines() if line.startswith("[rank ")]
@@ -111,9 +120,17 @@ def failure_sentence(exc: DistributedRunError, probes: dict, world_size: int, ru
     if isinstance(exc, RunTimeoutError):
         return f"on {world_size} ranks your script ran past {LAUNCH_TIMEOUT_S} s and was stopped ({logs})."
     cause = (exc.cause or str(exc)).strip().splitlines()[-1]
+    left = sorted(r for r, events in probes.items() if any(e["event"] == "end" for e in events))
+    if left and ("reset by peer" in cause or "closed by peer" in cause):
+        needing = [r for r in range(world_size) if r not in left]
+        return (f"rank(s) {left} finished while rank(s) {needing} still needed them: every rank must run every step, "
+                f"since DDP's backward is a collective, as is every all_reduce ({logs}).")
+    if "Invalid rank" in cause:
+        return (f"{cause}: a DistributedSampler (or a group) built for another world size; leave num_replicas and rank "
+                f"out, they default to the process group's ({logs}).")
     if "timed out" in cause.lower() and exc.ranks:
         waiting, others = exc.ranks[0], [r for r in range(world_size) if r != exc.ranks[0]]
-        return (f"rank {waiting} waited {GROUP_TIMEOUT_S} s in a collective that rank(s) {others} never reached: a "
+        return (f"rank {waiting} waited {group_timeout_s():g} s in a collective that rank(s) {others} never reached: a "
                 f"hang; is a rank stuck in a loop, or busy with work the others skip? ({logs})")
     return f"on {world_size} ranks your script failed: {cause} ({logs})."
 
@@ -122,14 +139,21 @@ def collective_mismatch(probes: dict[int, list[dict]]) -> str | None:
     """The first collective that not every rank made, in words, or None."""
     calls = {r: [e["event"] for e in events if e.get("phase") == "start" and e["event"] in COLLECTIVES]
              for r, events in sorted(probes.items())}
+    finished = {r for r, events in probes.items() if any(e["event"] == "end" for e in events)}
     for i in range(max(map(len, calls.values()), default=0)):
         names = {r: c[i] if i < len(c) else None for r, c in calls.items()}
         if len(set(names.values())) > 1:
             made = next(r for r, n in names.items() if n)
-            others = ", ".join(f"rank {r} {'never called it' if n is None else 'called ' + n}"
-                               for r, n in names.items() if n != names[made])
-            return (f"rank {made} called {names[made]} (its collective number {i + 1}) and {others}: every rank "
-                    "must make the same collectives in the same order; is one inside `if rank == 0:`?")
+            missing = [r for r, n in names.items() if n is None]
+            other = next((f"rank {r} called {n}" for r, n in names.items() if n not in (None, names[made])), None)
+            if other:
+                return (f"rank {made} called {names[made]} (its collective number {i + 1}) where {other}: every rank "
+                        "must make the same collectives in the same order.")
+            if set(missing) <= finished:
+                return (f"rank {made} called {names[made]} (its collective number {i + 1}), and rank(s) {missing} "
+                        "finished without calling it: is it inside `if rank == 0:`? Every rank must call it.")
+            return (f"rank {made} waited in {names[made]} (its collective number {i + 1}) for rank(s) {missing}, which "
+                    "had not called it when the run failed: is it inside `if rank == 0:`, or is a rank stuck or slow?")
     return None
 
 
@@ -190,6 +214,10 @@ def same(a: dict, b: dict) -> bool:
 def result_problem(outcome: Outcome, reference: Outcome, world_size: int) -> str | None:
     """Weights or losses that differ from the one-device loop's on the global batch, with the likely cause."""
     if not same(outcome.weights, reference.weights):
+        batches = {e["batch_size"] for e in events(outcome, 0, "__init__") if e.get("what") == "loader"}
+        if batches and batches != {GLOBAL_BATCH // world_size}:
+            return (f"rank 0's DataLoader takes batches of {sorted(batches)}, and the checker passed --batch-size "
+                    f"{GLOBAL_BATCH // world_size}: --batch-size is already the batch of one process, use it as it is.")
         lr = 0.05
         if same(outcome.weights, one_device(lr / world_size).weights):
             return (f"the gradients come out {world_size}x too small: DDP already averages them over the ranks, "
@@ -225,7 +253,7 @@ def check_ddp_script(path="my_ddp.py") -> Verdict:
     early = file_problem(path, TEMPLATE, "the one-device loop")
     if early:
         return verdict(False, early)
-    reference, folder = one_device(), Path(tempfile.mkdtemp(prefix="ddp-check-"))  # kept when a run fails: its logs
+    reference, folder = one_device(), log_folder("ddp_script")
     for world_size in (2, 3):
         outcome = launch(path, world_size, folder)
         problem = outcome if isinstance(outcome, str) else (
@@ -233,9 +261,11 @@ def check_ddp_script(path="my_ddp.py") -> Verdict:
             or result_problem(outcome, reference, world_size))
         if problem:
             return verdict(False, problem)
-    shutil.rmtree(folder, ignore_errors=True)
+    tip = "" if "gc.collect" in path.read_text(encoding="utf-8") else (
+        " At home, free the DDP model before destroy_process_group() (del, gc.collect(): examples/train_ddp.py); "
+        "the checker's runs skip the interpreter's exit, where gloo can otherwise abort.")
     return verdict(True, f"on 2 and 3 ranks your script ends with the weights and prints the losses of one device "
-                         f"on the global batch of {GLOBAL_BATCH}; rank 0 alone saved and printed.")
+                         f"on the global batch of {GLOBAL_BATCH}; rank 0 alone saved and printed.{tip}")
 
 
 CORE_TEMPLATE = Path(__file__).resolve().parent / "templates" / "my_ddp_core.py"
@@ -282,10 +312,10 @@ def check_my_ddp(path="my_ddp_core.py") -> Verdict:
     early = file_problem(path, CORE_TEMPLATE, "the MyDDP skeleton")
     if early:
         return verdict(False, early)
-    folder = Path(tempfile.mkdtemp(prefix="my-ddp-check-"))
+    folder = log_folder("my_ddp")
     try:
         ranks = run_json("my_ddp_check", "my_ddp", "--module", str(path.resolve()), "--cap", CORE_CAP, world_size=2,
-                         backend="gloo", out_dir=folder / "run", timeout=LAUNCH_TIMEOUT_S)
+                         backend="gloo", out_dir=folder / "run", timeout=LAUNCH_TIMEOUT_S, env=ON_CPU)
     except DistributedRunError as exc:
         return verdict(False, failure_sentence(exc, {}, 2, folder / "run"))
     for rank, record in enumerate(ranks):
@@ -296,7 +326,6 @@ def check_my_ddp(path="my_ddp_core.py") -> Verdict:
                 return verdict(False, problem)
         if record["weight_gap"] > 1e-5:
             return verdict(False, f"on rank {rank} the weights end {record['weight_gap']:.3g} away from DDP's.")
-    shutil.rmtree(folder, ignore_errors=True)
     return verdict(True, f"on 2 ranks, {len(ranks[0]['steps'])} steps: {ranks[0]['buckets']} buckets launched in order "
                          "during the backward, gradients and weights equal to torch's DistributedDataParallel.")
 
@@ -340,17 +369,16 @@ def check_my_zero1(path="my_zero1.py") -> Verdict:
     early = file_problem(path, ZERO1_TEMPLATE, "the MyZero1 skeleton")
     if early:
         return verdict(False, early)
-    folder = Path(tempfile.mkdtemp(prefix="my-zero1-check-"))
+    folder = log_folder("my_zero1")
     for world_size in (2, 3):
         try:
             ranks = run_json("my_zero1_check", "my_zero1", "--module", str(path.resolve()), world_size=world_size,
-                             backend="gloo", out_dir=folder / f"w{world_size}", timeout=LAUNCH_TIMEOUT_S)
+                             backend="gloo", out_dir=folder / f"w{world_size}", timeout=LAUNCH_TIMEOUT_S, env=ON_CPU)
         except DistributedRunError as exc:
             return verdict(False, failure_sentence(exc, {}, world_size, folder / f"w{world_size}"))
         problem = zero1_problem(ranks)
         if problem:
             return verdict(False, f"on {world_size} ranks, {problem}")
-    shutil.rmtree(folder, ignore_errors=True)
     return verdict(True, "on 2 and 3 ranks: one reduce-scatter and one all-gather a step, 1/world_size of the momentum "
                          "on each rank, and the weights of one process on the global batch.")
 
@@ -361,7 +389,8 @@ def check_memory_prediction(prediction: dict, stage: int = 2, world_size: int = 
     if _unanswered(prediction):
         return verdict(False, "replace each ... with your prediction in bytes, then run the cell again.")
     ranks = run_json("sharded", "memory", "--experiment", "memory", "--strategies", f"ZeRO-{stage}", "--width", width,
-                     "--depth", depth, "--steps", 2, world_size=world_size, backend="gloo", timeout=LAUNCH_TIMEOUT_S)
+                     "--depth", depth, "--steps", 2, world_size=world_size, backend="gloo", timeout=LAUNCH_TIMEOUT_S,
+                     out_dir=log_folder("memory") / "run", env=ON_CPU)
     measured = ranks[0][f"ZeRO-{stage}"]["held"]
     problem = difference(prediction, measured, "your prediction")
     if problem:

@@ -47,6 +47,28 @@ def show(*objs):
     return Code(source(*objs), language="python")
 
 
+def paired(left: list[str], right: list[str], similar: float = 0.5) -> list[tuple[str, str, bool]]:
+    """Changed lines side by side: a line next to its most similar counterpart (in order), the rest zipped between."""
+    def code(line: str) -> str:
+        """The line without its comment."""
+        return line.split("  #")[0].strip()  # a comment added to a line does not make it another line
+
+    def zipped(a: list[str], b: list[str]) -> list[tuple[str, str, bool]]:
+        """Unmatched lines, side by side."""
+        return [(x, y, True) for x, y in itertools.zip_longest(a, b, fillvalue="")]
+
+    rows, j, alone = [], 0, []
+    for line in left:
+        ratios = [difflib.SequenceMatcher(None, code(line), code(other)).ratio() for other in right[j:]]
+        best = max(range(len(ratios)), key=ratios.__getitem__, default=None)
+        if best is None or ratios[best] < similar:
+            alone.append(line)
+            continue
+        rows += zipped(alone, right[j:j + best]) + [(line, right[j + best], True)]
+        alone, j = [], j + best + 1
+    return rows + zipped(alone, right[j:])
+
+
 class SideBySide:
     """Two files' changed lines next to each other (HTML in Jupyter), a unified diff everywhere else."""
 
@@ -62,13 +84,11 @@ class SideBySide:
         for group in difflib.SequenceMatcher(None, a, b, autojunk=False).get_grouped_opcodes(self.context):
             rows += [("⋯", "⋯", False)] if rows else []
             for tag, i1, i2, j1, j2 in group:
-                left, right = a[i1:i2], b[j1:j2]
-                width = max(len(left), len(right))
-                rows += [(x, y, tag != "equal") for x, y in itertools.zip_longest(left, right, fillvalue="")][:width]
+                rows += [(x, x, False) for x in a[i1:i2]] if tag == "equal" else paired(a[i1:i2], b[j1:j2])
         return rows
 
     def _repr_html_(self) -> str:
-        cell = '<td style="text-align:left;white-space:pre;font-family:monospace;font-size:85%">{}</td>'
+        cell = '<td style="text-align:left;white-space:pre-wrap;font-family:monospace;font-size:85%">{}</td>'
         body = "".join("<tr>" + "".join(cell.format(f"<mark>{html.escape(t)}</mark>" if changed and t else
                                                     html.escape(t)) for t in (x, y)) + "</tr>"
                        for x, y, changed in self.rows())

@@ -41,26 +41,27 @@ def pick_device(local_rank: int, local_world_size: int) -> tuple[torch.device, s
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=5)
-    parser.add_argument("--batch-size", type=int, default=16, help="samples per step and process")
+    parser.add_argument("--batch-size", type=int, default=16, help="samples per step, per process")
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="model.pt")
-    parser.add_argument("--timeout", type=float, default=60, help="seconds a collective may wait for the others")
+    parser.add_argument("--timeout", type=float, default=60, help="seconds to wait for the others")
     args = parser.parse_args()
     if "LOCAL_RANK" not in os.environ:
         sys.exit("start me with torchrun: torchrun --standalone --nproc-per-node 2 train_ddp.py")
 
-    # torchrun gave this process RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT
+    # torchrun set RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT
     local_rank, local_world_size = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
     device, backend = pick_device(local_rank, local_world_size)
     dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
     rank, world_size = dist.get_rank(), dist.get_world_size()
 
     dataset = make_data(args.seed)
-    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed)
-    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)  # this rank's share only
+    # every rank shuffles alike, then keeps its own share: samples rank, rank + W, rank + 2W, ...
+    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, seed=args.seed)
+    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
     model = make_model(args.seed).to(device)
-    model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)  # broadcasts rank 0's weights
+    model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)  # rank 0's weights
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     loss_fn = nn.BCEWithLogitsLoss()
 
@@ -80,9 +81,7 @@ def main() -> None:
 
     if rank == 0:
         torch.save(model.module.state_dict(), args.out)  # the plain model's weights, written once
-    # DDP sits in reference cycles: unless collected here, it is freed at interpreter exit, after its group, which with
-    # gloo on torch 2.13 aborted 4 runs in 30 ("terminate called without an active exception"); 0 in 30 with this
-    del model, optimizer
+    del model, optimizer  # free DDP before its group, or gloo may abort at exit (README)
     gc.collect()
     dist.destroy_process_group()
 

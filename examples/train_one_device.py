@@ -1,4 +1,4 @@
-"""Train a small classifier on one device: the loop that train_ddp.py turns into DistributedDataParallel.
+"""Train a small classifier on one device: the loop that train_ddp.py turns into DDP.
 
     python train_one_device.py --batch-size 32
 """
@@ -35,8 +35,8 @@ def main() -> None:
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dataset = make_data(args.seed)
-    order = torch.Generator()
-    sampler = RandomSampler(dataset, generator=order)  # what shuffle=True builds, with a generator of our own
+    order = torch.Generator()  # shuffle=True would build this sampler with a generator of its own
+    sampler = RandomSampler(dataset, generator=order)
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
     model = make_model(args.seed).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)

@@ -4,6 +4,7 @@ import runpy
 from pathlib import Path
 
 import pytest
+import torch
 
 from dp_helpers import script_check as sc
 from dp_helpers.exercises import SOLUTIONS
@@ -36,9 +37,9 @@ MISTAKES = {
                                      "loss = nn.functional.mse_loss(model(x), y) / dist.get_world_size()")),
                             "2x too small: DDP already averages"),
     "a collective inside if rank == 0": (mistake((REDUCE, "        if rank == 0:\n            dist.all_reduce(total)\n")),
-                                         "rank 0 called all_reduce (its collective number 1) and rank 1 never called"),
+                                         "rank 0 waited in all_reduce (its collective number 1) for rank(s) [1]"),
     "a hang": (mistake((JOINED, JOINED + "    while rank == 1:  # stuck for ever\n        pass\n")),
-               "rank 0 waited 10 s in a collective that rank(s) [1] never reached"),
+               "rank 0 waited 4 s in a collective that rank(s) [1] never reached"),
 }
 
 
@@ -56,7 +57,8 @@ def test_the_solution_is_correct_on_2_and_3_ranks(tmp_path, capsys):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(MISTAKES))
-def test_each_mistake_is_named(name, tmp_path, capsys):
+def test_each_mistake_is_named(name, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("DP_PROBE_TIMEOUT", "4")  # the hang fails in 4 s instead of a learner's 10
     text, words = MISTAKES[name]
     assert not sc.check_ddp_script(write(tmp_path, text))
     out = capsys.readouterr().out
@@ -115,8 +117,29 @@ def test_a_collective_only_some_ranks_make_is_named():
                  {"event": "barrier", "phase": "start"}],
              1: [{"event": "all_reduce", "phase": "start"}, {"event": "all_reduce", "phase": "done"},
                  {"event": "broadcast", "phase": "start"}]}
-    assert "rank 0 called barrier (its collective number 2) and rank 1 called broadcast" in sc.collective_mismatch(calls)
+    assert "rank 0 called barrier (its collective number 2) where rank 1 called broadcast" in sc.collective_mismatch(calls)
     assert sc.collective_mismatch({0: calls[0][:2], 1: calls[1][:2]}) is None
+    early, stuck = {0: calls[0], 1: calls[1][:2] + [{"event": "end"}]}, {0: calls[0], 1: calls[1][:2]}
+    assert "rank(s) [1] finished without calling it: is it inside `if rank == 0:`?" in sc.collective_mismatch(early)
+    assert "for rank(s) [1], which had not called it when the run failed" in sc.collective_mismatch(stuck)
+    assert "inside `if rank == 0:`" in sc.collective_mismatch(stuck)
+
+
+def test_a_failed_launch_is_told_in_one_sentence(tmp_path):
+    from dp_helpers.launch import DistributedRunError
+
+    reset = DistributedRunError("failed", ranks=(0,), cause="RuntimeError: [pair.cc:537] Connection reset by peer")
+    left = {0: [{"event": "init_process_group", "phase": "start"}], 1: [{"event": "end"}]}
+    assert "rank(s) [1] finished while rank(s) [0] still needed them" in sc.failure_sentence(reset, left, 2, tmp_path)
+    invalid = DistributedRunError("failed", ranks=(2,), cause="ValueError: Invalid rank 2, rank should be in [0, 1]")
+    assert "leave num_replicas and rank out" in sc.failure_sentence(invalid, {}, 3, tmp_path)
+
+
+def test_a_global_batch_on_every_rank_is_named():
+    wrong = outcome(weights={"weight": torch.ones(1)})
+    wrong.probes[0].append({"event": "__init__", "phase": "start", "what": "loader", "batch_size": 12})
+    problem = sc.result_problem(wrong, outcome(weights={"weight": torch.zeros(1)}), 2)
+    assert "takes batches of [12], and the checker passed --batch-size 24" in problem
 
 
 def test_epoch_lines_are_read_in_any_common_format():
@@ -129,15 +152,31 @@ LOOP = ("        while self.next < len(self.buckets) and all(p in self.ready_par
         "            self.launch(self.next)  # every rank launches the buckets in this one order\n"
         "            self.next += 1\n")
 AT_THE_END = "        if len(self.ready_params) == sum(map(len, self.buckets)):\n            for k in {}:\n                self.launch(k)\n"
-CORE_MISTAKES = {
+CORE_MISTAKES = {  # launched for real; the other mistakes are judged from records below
     "summed": ((" / dist.get_world_size()", ""), "your gradients are 2x DDP's"),
     "launched after the backward": ((LOOP, AT_THE_END.format("range(len(self.buckets))")),
                                     "every all-reduce started after the last gradient was ready"),
-    "out of order": ((LOOP, AT_THE_END.format("reversed(range(len(self.buckets)))")),
-                     "the buckets were launched in the order [2, 1, 0]"),
-    "a bucket never launched": (("while self.next < len(self.buckets) and", "while self.next < len(self.buckets) - 1 and"),
-                                "the buckets launched were [0, 1] of [0, 1, 2]"),
 }
+
+
+def core_step(order: str, ratio: float = 1.0, gap: float = 0.0) -> dict:
+    """A recorded step: 'r' a gradient ready, a digit a bucket launched."""
+    events = [{"kind": "ready", "arg": None} if c == "r" else {"kind": "launch", "arg": int(c)} for c in order]
+    return {"events": events, "ratio": ratio, "gap": gap}
+
+
+@pytest.mark.parametrize("order, ratio, gap, words", [
+    ("rrrr0r1rr2", 1.0, 0.0, None),
+    ("rrrr0rrrr21", 1.0, 0.0, "launched in the order [0, 2, 1]"),
+    ("rrrr0r1rr", 1.0, 0.0, "the buckets launched were [0, 1] of [0, 1, 2]"),
+    ("rrrr0r1rr22", 1.0, 0.0, "the buckets launched were [0, 1, 2, 2]"),
+    ("rrrr0r1rr2", 0.5, 0.5, "1/2 of DDP's: they are divided by the world size twice"),
+    ("rrrr0r1rr2", 1.0, 0.3, "your gradients differ from DDP's by up to 0.3"),
+])
+def test_each_bucket_or_gradient_mistake_is_named(order, ratio, gap, words):
+    step = core_step(order, ratio, gap)
+    problem = sc.bucket_problem(step, 3, "here") or sc.gradient_problem(step, 2, "here")
+    assert problem is None if words is None else words in problem
 
 
 @pytest.mark.slow
@@ -174,14 +213,25 @@ ZERO1_MISTAKES = {
                        "        mine = full_grad[self.rank * self.chunk:(self.rank + 1) * self.chunk]"),
                       "all-reduced the whole gradient"),
     "no division": (("        mine /= self.world_size  # the average gradient\n", ""), "used the sum of the ranks' gradients"),
-    "no all-gather": (("        full = torch.empty(self.chunk * self.world_size)\n"
-                       "        all_gather(full, own.contiguous())  # every rank's updated chunk, in rank order\n",
-                       "        full = self.flat(self.params)  # only this rank's chunk updated: the others stay old\n"
-                       "        full[self.rank * self.chunk:(self.rank + 1) * self.chunk] = own\n"),
-                      "ZeRO-1 needs one reduce-scatter and one all-gather"),
-    "the wrong chunk": (("[self.rank * self.chunk:(self.rank + 1) * self.chunk]\n        self.velocity", "[:self.chunk]\n"
-                         "        self.velocity"), "is each rank updating exactly its own chunk"),
 }
+
+
+def zero1_record(names=("reduce_scatter_single", "all_gather_single"), state=1233, weights=(1.0,), gap=0.0):
+    """One rank's record of a 2-rank run on the 2,465-value MLP."""
+    step = {"calls": [{"name": n, "values": 0} for n in names], "gap": gap, "gap_if_summed": 1.0}
+    return {"numel": 2465, "steps": [step], "state": state, "weights": list(weights)}
+
+
+@pytest.mark.parametrize("ranks, words", [
+    ([zero1_record(), zero1_record()], None),
+    ([zero1_record(names=("reduce_scatter_single",))] * 2, "ZeRO-1 needs one reduce-scatter and one all-gather"),
+    ([zero1_record(state=2465)] * 2, "the ranks keep [2465, 2465] values of optimizer state: each needs only its chunk, 1233"),
+    ([zero1_record(), zero1_record(weights=(2.0,))], "all-gather every rank's updated chunk"),
+    ([zero1_record(gap=0.4)] * 2, "is each rank updating exactly its own chunk"),
+])
+def test_each_zero1_record_problem_is_named(ranks, words):
+    problem = sc.zero1_problem(ranks)
+    assert problem is None if words is None else words in problem
 
 
 @pytest.mark.slow

@@ -34,3 +34,20 @@ def test_show_returns_highlighted_code_for_jupyter():
     shown = show.show(accumulate_step)
     assert type(shown).__name__ == "Code" and "def accumulate_step(" in shown.data
     assert "<pre" in shown._repr_html_()
+
+
+def test_a_diff_pairs_each_changed_line_with_its_counterpart():
+    rows = show.paired(["    loss.backward()", "    order.manual_seed(0)", "    print(x)"],
+                       ["    loss.backward()  # DDP averages here", "    sampler.set_epoch(0)", "    if rank == 0:",
+                        "        print(x)"])
+    assert rows[0] == ("    loss.backward()", "    loss.backward()  # DDP averages here", True)  # a comment added
+    assert rows[1][:2] == ("    order.manual_seed(0)", "    sampler.set_epoch(0)")  # replaced: side by side
+    assert ("", "    if rank == 0:", True) in rows and rows[-1][:2] == ("    print(x)", "        print(x)")
+
+
+def test_a_diff_reads_as_a_unified_diff_outside_jupyter(tmp_path):
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text("x = 1\ny = 2\n")
+    b.write_text("x = 1\ny = 3\n")
+    diff = show.show_diff(a, b)
+    assert "-y = 2\n+y = 3" in repr(diff) and "<mark>y = 3</mark>" in diff._repr_html_()

@@ -72,17 +72,22 @@ def execute(path: Path, timeout: int = 1200) -> None:
     nbformat.write(nb, path)
 
 
-READING_WPM, CODE_LINES_PER_MIN, MIN_PER_EXERCISE = 150, 12, 4  # a learner's pace, for the route's estimates
+READING_WPM, CODE_LINES_PER_MIN = 150, 12  # a learner's pace, for the route's estimates
+MIN_PER_QUESTION, MIN_PER_CODE_EXERCISE = 3, 12  # an answer to compute; code to write, run and fix
 
 
 def minutes(path: Path) -> dict:
-    """A notebook's size and the minutes a learner needs to read it and do its exercises (running excluded)."""
+    """A notebook's size and the minutes a learner needs: reading, and reading plus the exercises (running excluded)."""
     cells = nbformat.read(path, as_version=4).cells
     words = sum(len(c.source.split()) for c in cells if c.cell_type == "markdown")
     lines = sum(len(c.source.splitlines()) for c in cells if c.cell_type == "code")
-    exercises = sum(bool(re.search(r"^check_\w+\(", c.source, re.M)) for c in cells if c.cell_type == "code")
-    estimate = words / READING_WPM + lines / CODE_LINES_PER_MIN + exercises * MIN_PER_EXERCISE
-    return {"words": words, "code lines": lines, "exercises": exercises, "minutes": round(estimate)}
+    asks = [c.source for c in cells if c.cell_type == "code" and re.search(r"^(check_|start_)\w+\(", c.source, re.M)]
+    code = sum(bool(re.search(r"raise NotImplementedError|^start_\w+_exercise\(", a, re.M)) for a in asks)
+    questions = sum(bool(re.search(r"^check_answer\(|^check_\w+_prediction\(", a, re.M)) for a in asks)
+    reading = words / READING_WPM + lines / CODE_LINES_PER_MIN
+    return {"words": words, "code lines": lines, "questions": questions, "code exercises": code,
+            "reading": round(reading), "with exercises": round(reading + questions * MIN_PER_QUESTION
+                                                                + code * MIN_PER_CODE_EXERCISE)}
 
 
 def main(argv: list[str] | None = None) -> int:

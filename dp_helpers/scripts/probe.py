@@ -6,7 +6,7 @@ The script runs unchanged, as `__main__`; the probes only write down, one JSON l
 <run>/probe/rank<r>.jsonl, what it did: every collective it entered and left, the process group (given a
 short timeout, so a mismatched collective fails in seconds), the DistributedSampler's settings and the
 epoch of each pass over it, whether the model was wrapped in DistributedDataParallel, and what torch.save
-wrote where. Every line is flushed at once, so a rank that dies still leaves its record.
+wrote where, the DataLoader's batch size. Every line is flushed at once, so a rank that dies still leaves its record.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler
 
 from dp_helpers.dist import exit_without_finalizing
 
@@ -31,6 +31,11 @@ COLLECTIVES = ("all_reduce", "broadcast", "barrier", "all_gather", "all_gather_i
                "reduce", "reduce_scatter", "reduce_scatter_tensor", "gather", "gather_object", "scatter",
                "scatter_object_list", "broadcast_object_list", "all_to_all", "all_to_all_single", "send", "recv")
 GROUP_TIMEOUT_S = 10  # a rank waiting for a collective its peers never make fails after this, whatever the script asks
+
+
+def group_timeout_s() -> float:
+    """The probe's process-group timeout: DP_PROBE_TIMEOUT seconds when set (the tests' hangs), else GROUP_TIMEOUT_S."""
+    return float(os.environ.get("DP_PROBE_TIMEOUT", GROUP_TIMEOUT_S))
 
 
 class Probe:
@@ -67,7 +72,7 @@ def short_timeout(original):
     @functools.wraps(original)
     def init(*args, **kwargs):
         """The original, with the probe's timeout."""
-        kwargs["timeout"] = timedelta(seconds=GROUP_TIMEOUT_S)
+        kwargs["timeout"] = timedelta(seconds=group_timeout_s())
         return original(*args, **kwargs)
 
     return init
@@ -96,6 +101,12 @@ def install(probe: Probe) -> None:
 
     DistributedSampler.__init__ = sampler_init
     around(DistributedSampler, "__iter__", probe, note=lambda self: {"epoch": self.epoch})
+    around(DataLoader, "__init__", probe, note=loader_settings)
+
+
+def loader_settings(loader, dataset=None, batch_size=1, *args, **kwargs) -> dict:
+    """The batch size a DataLoader was built with."""
+    return {"what": "loader", "batch_size": batch_size}
 
 
 def saved(obj=None, f=None, *args, **kwargs) -> dict:
