@@ -306,18 +306,25 @@ def gradient_problem(step: dict, world_size: int, where: str) -> str | None:
     return None
 
 
+def records(exercise: str, path: Path, world_size: int, *args) -> list[dict] | str:
+    """Run scripts/<exercise>_check.py with the learner's file on world_size gloo ranks: every rank's record, or why not."""
+    run_dir = log_folder(f"{exercise}_w{world_size}") / "run"
+    try:
+        return run_json(f"{exercise}_check", exercise, "--module", str(path.resolve()), *args, world_size=world_size,
+                        backend="gloo", out_dir=run_dir, timeout=LAUNCH_TIMEOUT_S, env=ON_CPU)
+    except DistributedRunError as exc:
+        return failure_sentence(exc, {}, world_size, run_dir)
+
+
 def check_my_ddp(path="my_ddp_core.py") -> Verdict:
     """Notebook 04: the learner's MyDDP on 2 gloo ranks against torch's DDP: buckets, their order, the gradients."""
     path = Path(path)
     early = file_problem(path, CORE_TEMPLATE, "the MyDDP skeleton")
     if early:
         return verdict(False, early)
-    folder = log_folder("my_ddp")
-    try:
-        ranks = run_json("my_ddp_check", "my_ddp", "--module", str(path.resolve()), "--cap", CORE_CAP, world_size=2,
-                         backend="gloo", out_dir=folder / "run", timeout=LAUNCH_TIMEOUT_S, env=ON_CPU)
-    except DistributedRunError as exc:
-        return verdict(False, failure_sentence(exc, {}, 2, folder / "run"))
+    ranks = records("my_ddp", path, 2, "--cap", CORE_CAP)
+    if isinstance(ranks, str):
+        return verdict(False, ranks)
     for rank, record in enumerate(ranks):
         for s, step in enumerate(record["steps"], start=1):
             where = f"on rank {rank}, step {s}"
@@ -369,13 +376,10 @@ def check_my_zero1(path="my_zero1.py") -> Verdict:
     early = file_problem(path, ZERO1_TEMPLATE, "the MyZero1 skeleton")
     if early:
         return verdict(False, early)
-    folder = log_folder("my_zero1")
     for world_size in (2, 3):
-        try:
-            ranks = run_json("my_zero1_check", "my_zero1", "--module", str(path.resolve()), world_size=world_size,
-                             backend="gloo", out_dir=folder / f"w{world_size}", timeout=LAUNCH_TIMEOUT_S, env=ON_CPU)
-        except DistributedRunError as exc:
-            return verdict(False, failure_sentence(exc, {}, world_size, folder / f"w{world_size}"))
+        ranks = records("my_zero1", path, world_size)
+        if isinstance(ranks, str):  # the run failed: the sentence says so
+            return verdict(False, ranks)
         problem = zero1_problem(ranks)
         if problem:
             return verdict(False, f"on {world_size} ranks, {problem}")

@@ -187,18 +187,6 @@ def test_the_ddp_core_solution_equals_torchs_ddp(tmp_path, capsys):
     assert "3 buckets launched in order during the backward" in capsys.readouterr().out
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(CORE_MISTAKES))
-def test_each_ddp_core_mistake_is_named(name, tmp_path, capsys):
-    (old, new), words = CORE_MISTAKES[name]
-    assert old in CORE, old
-    path = tmp_path / "my_ddp_core.py"
-    path.write_text(CORE.replace(old, new, 1))
-    assert not sc.check_my_ddp(path)
-    out = capsys.readouterr().out
-    assert out.startswith("not yet: on rank 0, step 1, ") and words in out, out
-
-
 def test_the_ddp_core_skeleton_is_not_launched(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     sc.start_my_ddp_exercise("my_ddp_core.py")
@@ -242,16 +230,21 @@ def test_the_zero1_solution_equals_one_process(tmp_path, capsys):
     assert capsys.readouterr().out.startswith("correct: on 2 and 3 ranks")
 
 
+# each launched for real: (checker, the solution, its file name, how the sentence starts, the mistake, its words)
+LAUNCHED = [(sc.check_my_ddp, CORE, "my_ddp_core.py", "not yet: on rank 0, step 1, ", *m) for m in CORE_MISTAKES.values()] \
+    + [(sc.check_my_zero1, ZERO1, "my_zero1.py", "not yet: on 2 ranks, ", *m) for m in ZERO1_MISTAKES.values()]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(ZERO1_MISTAKES))
-def test_each_zero1_mistake_is_named(name, tmp_path, capsys):
-    (old, new), words = ZERO1_MISTAKES[name]
-    assert old in ZERO1, old
-    path = tmp_path / "my_zero1.py"
-    path.write_text(ZERO1.replace(old, new, 1))
-    assert not sc.check_my_zero1(path)
+@pytest.mark.parametrize("checker, solution, name, start, edit, words", LAUNCHED,
+                         ids=[*CORE_MISTAKES, *ZERO1_MISTAKES])
+def test_each_launched_mistake_is_named(checker, solution, name, start, edit, words, tmp_path, capsys):
+    old, new = edit
+    assert old in solution, old
+    (tmp_path / name).write_text(solution.replace(old, new, 1))
+    assert not checker(tmp_path / name)
     out = capsys.readouterr().out
-    assert out.startswith("not yet: on 2 ranks, ") and words in out, out
+    assert out.startswith(start) and words in out, out
 
 
 @pytest.mark.slow
