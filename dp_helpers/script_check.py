@@ -1,10 +1,12 @@
-"""The checker of notebook 00's exercise: the learner's DDP script, run on 2 and 3 real gloo processes.
+"""Checkers that run a learner's code on real gloo processes and answer in one sentence (notebooks 00, 04, 06).
 
-The learner turns the one-device loop `scripts/one_device_loop.py` into a DDP script. The checker
-launches it under torchrun with probes (`scripts/probe.py`), compares the saved weights and the printed
-losses with the one-device loop run in this process on the global batch, and answers in one sentence:
-correct, or the first mistake it can name (no process group, no DDP, no DistributedSampler, no
-set_epoch, a collective only some ranks call, saving or printing on every rank, a division too many).
+Notebook 00: the learner turns the one-device loop `scripts/one_device_loop.py` into a DDP script; the
+checker launches it under torchrun with probes (`scripts/probe.py`), compares the saved weights and the
+printed losses with the one-device loop run in this process on the global batch, and names the first
+mistake it finds (no process group, no DDP, no DistributedSampler, no set_epoch, a collective only some
+ranks call, saving or printing on every rank, a division too many). Notebooks 04 and 06: the learner fills
+in a skeleton (templates/), which scripts/my_ddp_check.py and my_zero1_check.py run next to torch's DDP or
+one process; and a byte count per rank is predicted, then measured.
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ from .scripts.probe import COLLECTIVES, group_timeout_s
 
 TEMPLATE = Path(__file__).resolve().parent / "scripts" / "one_device_loop.py"
 GLOBAL_BATCH = 48  # the template's 960 samples make 20 full steps an epoch on 1, 2 and 3 ranks (24 and 16 each)
-EPOCHS = 4
+EPOCHS, LR = 4, 0.05  # the template's defaults
 LAUNCH_TIMEOUT_S = 90
 ON_CPU = {"CUDA_VISIBLE_DEVICES": ""}  # the exercises run on gloo CPU ranks, also on a machine with GPUs
+EPOCH_LINE = re.compile(r"epoch\D*(\d+).*?loss\D*?(-?\d+\.\d+(?:e-?\d+)?)", re.I)
 
 
 def log_folder(name: str) -> Path:
@@ -40,7 +43,6 @@ def log_folder(name: str) -> Path:
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     return folder
-EPOCH_LINE = re.compile(r"epoch\D*(\d+).*?loss\D*?(-?\d+\.\d+(?:e-?\d+)?)", re.I)
 
 
 @dataclass
@@ -218,11 +220,10 @@ def result_problem(outcome: Outcome, reference: Outcome, world_size: int) -> str
         if batches and batches != {GLOBAL_BATCH // world_size}:
             return (f"rank 0's DataLoader takes batches of {sorted(batches)}, and the checker passed --batch-size "
                     f"{GLOBAL_BATCH // world_size}: --batch-size is already the batch of one process, use it as it is.")
-        lr = 0.05
-        if same(outcome.weights, one_device(lr / world_size).weights):
+        if same(outcome.weights, one_device(LR / world_size).weights):
             return (f"the gradients come out {world_size}x too small: DDP already averages them over the ranks, "
                     "so the loss must not be divided by world_size again.")
-        if same(outcome.weights, one_device(lr * world_size).weights):
+        if same(outcome.weights, one_device(LR * world_size).weights):
             return f"the gradients come out {world_size}x too large: average them, do not sum them over the ranks."
         gap = max((outcome.weights[k] - reference.weights[k]).abs().max().item() for k in reference.weights)
         return (f"on {world_size} ranks the weights differ from one device on the global batch of {GLOBAL_BATCH} by "

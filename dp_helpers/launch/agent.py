@@ -71,7 +71,8 @@ def stop_stragglers() -> None:
     """SIGKILL any worker of this launch that outlived torchrun (its shutdown cut short): none may become an orphan."""
     from .process import marked, send
 
-    for p in marked(os.environ.get("DP_LAUNCH_ID", "")) if os.environ.get("DP_LAUNCH_ID") else []:
+    marker = os.environ.get("DP_LAUNCH_ID")
+    for p in marked(marker) if marker else []:
         send(p, signal.SIGKILL)
 
 
