@@ -71,39 +71,36 @@ class AsyncAllReduce(HookAllReduce):
 
     def __init__(self, module: nn.Module):
         super().__init__(module)
-        self.pending, self.waiting, self.events, self.timers, self.t0 = [], False, [], [], time.perf_counter()
-        self.names = {p: name for name, p in module.named_parameters()}
-        self.record = False  # True: note every gradient and all-reduce in self.events (a timeline; costs time)
+        self.pending, self.waiting = [], False
+        self.names = {p: name for name, p in module.named_parameters()}  # for messages
+        self.timeline = Timeline(self.names)  # instrumentation for notebook 04's figure, off unless timeline.on
 
     def reduce(self, param: nn.Parameter) -> None:
-        """Param's gradient is final: note it, and queue the wait once per backward before launching."""
+        """Param's gradient is final: queue the wait once per backward, then launch."""
         if not self.sync:
             return
         if not self.waiting:  # the first ready gradient of this backward
             engine_callback(self.finish_backward)
             self.waiting = True
-        if self.record:
-            self.events.append({"kind": "gradient ready", "name": self.names[param], "start": self.clock()})
+        self.timeline.note("gradient ready", self.names[param])
         self.launch(param)
 
     def launch(self, param: nn.Parameter) -> None:
         """Start the all-reduce of param.grad / world_size without waiting for it."""
         param.grad.div_(dist.get_world_size())
         work = dist.all_reduce(param.grad, async_op=True)
-        self.timed(work, self.names[param], param.grad)
         self.pending.append(work)
         self.allreduces += 1
+        self.timeline.timed(work, self.names[param], param.grad)
 
     def finish_backward(self) -> None:
         """The engine callback: wait for this backward's all-reduces; the next backward queues it again."""
-        if self.record:  # the first moment anything waits for an all-reduce: every gradient is ready by now
-            self.events.append({"kind": "wait", "name": "engine callback", "start": self.clock()})
+        self.timeline.note("wait", "engine callback")  # the first moment anything waits: every gradient is ready
         try:
             self.wait()
-            for timer in self.timers:  # the events' end times are written on the backend's thread
-                timer.wait()
+            self.timeline.wait()
         finally:  # also after an error, so that the next backward starts afresh
-            self.waiting, self.timers, self.pending = False, [], []
+            self.waiting, self.pending = False, []
 
     def wait(self) -> None:
         """Block until every all-reduce of this backward is done (before optimizer.step can run)."""
@@ -111,17 +108,35 @@ class AsyncAllReduce(HookAllReduce):
             work.wait()
         self.pending = []
 
+
+class Timeline:
+    """When on, notes when each gradient became ready and when each all-reduce started and ended (notebook 04)."""
+
+    def __init__(self, names: dict):
+        self.on, self.events, self.ends, self.t0, self.names = False, [], [], time.perf_counter(), names
+
     def clock(self) -> float:
         """Seconds since t0 (set t0 = time.perf_counter() to time one backward from its start)."""
         return time.perf_counter() - self.t0
 
+    def note(self, kind: str, name: str) -> None:
+        """Record an instant: a gradient ready, the engine callback's wait."""
+        if self.on:
+            self.events.append({"kind": kind, "name": name, "start": self.clock()})
+
     def timed(self, work, name: str, tensor: torch.Tensor) -> None:
-        """Record an all-reduce event (when recording): started now, ended when the backend completes the work."""
-        if not self.record:
+        """Record an all-reduce: started now, ended when the backend completes the work (on the backend's thread)."""
+        if not self.on:
             return
         event = {"kind": "all-reduce", "name": name, "start": self.clock(), "bytes": tensor.numel() * tensor.element_size()}
         self.events.append(event)
-        self.timers.append(work.get_future().then(lambda fut: event.update(end=self.clock())))  # on the backend's thread
+        self.ends.append(work.get_future().then(lambda fut: event.update(end=self.clock())))
+
+    def wait(self) -> None:
+        """Wait until every recorded all-reduce has its end time."""
+        for end in self.ends:
+            end.wait()
+        self.ends = []
 
 
 def assign_buckets(sizes: list[int], cap: int) -> list[list[int]]:
@@ -196,7 +211,7 @@ class MiniDDP(AsyncAllReduce):
         while self.next < len(self.buckets) and self.buckets[self.next].full():
             bucket = self.buckets[self.next]
             bucket.launch(dist.get_world_size())
-            self.timed(bucket.work, f"bucket {self.next}", bucket.buffer)
+            self.timeline.timed(bucket.work, f"bucket {self.next}", bucket.buffer)
             self.allreduces, self.next = self.allreduces + 1, self.next + 1
 
     def wait(self) -> None:

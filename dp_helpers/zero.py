@@ -100,13 +100,19 @@ class Flat:
 
 
 def all_gather_flat(out: torch.Tensor, mine: torch.Tensor) -> None:
-    """out = every rank's `mine`, concatenated in rank order (all_gather_single where torch has it)."""
-    (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, mine)
+    """out = every rank's `mine`, concatenated in rank order."""
+    if hasattr(dist, "all_gather_single"):
+        dist.all_gather_single(out, mine)
+    else:  # older torch releases have only this name (torch 2.13 deprecates it)
+        dist.all_gather_into_tensor(out, mine)
 
 
 def reduce_scatter_flat(mine: torch.Tensor, full: torch.Tensor) -> None:
-    """mine = the sum over ranks of this rank's chunk of `full` (reduce_scatter_single where torch has it)."""
-    (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(mine, full)
+    """mine = the sum over ranks of this rank's chunk of `full`."""
+    if hasattr(dist, "reduce_scatter_single"):
+        dist.reduce_scatter_single(mine, full)
+    else:  # older torch releases have only this name (torch 2.13 deprecates it)
+        dist.reduce_scatter_tensor(mine, full)
 
 
 class ZeroAdam:

@@ -102,14 +102,14 @@ def timeline(info: dph.DistInfo, args) -> dict:
 def one_backward(model, info: dph.DistInfo) -> list[dict]:
     """The events of one timed backward, after a warm-up step."""
     train(model, info, steps=1)
-    model.record = True  # from now on the hooks note every event
+    model.timeline.on = True  # from now on the hooks note every event
     x, y = batch(info, 99)
     torch.distributed.barrier()  # both ranks start the timed backward together
     loss = bce_loss(model(x), y)
-    model.t0 = time.perf_counter()
+    model.timeline.t0 = time.perf_counter()
     loss.backward()  # the engine callback waits for the all-reduces before backward() returns
-    model.events.append({"kind": "backward done", "name": "step", "start": model.clock()})
-    return model.events
+    model.timeline.events.append({"kind": "backward done", "name": "step", "start": model.timeline.clock()})
+    return model.timeline.events
 
 
 def sweep(info: dph.DistInfo, args) -> list[dict]:

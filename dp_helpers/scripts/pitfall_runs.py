@@ -72,8 +72,9 @@ def rank0_collective(info: dph.DistInfo, fixed: bool) -> dict:
     metric = torch.tensor([float(info.rank)], device=info.device)
     if fixed:
         dist.all_reduce(metric)  # every rank takes part...
-        dph.print0(info, f"mean metric {metric.item() / info.world_size}")  # ...only rank 0 prints
-    elif info.is_main:
+        if info.rank == 0:  # ...only rank 0 prints
+            print(f"mean metric {metric.item() / info.world_size}", flush=True)
+    elif info.rank == 0:
         dist.all_reduce(metric)  # the bug: the other ranks never join this all_reduce
         print(f"mean metric {metric.item() / info.world_size}")
     dist.barrier()

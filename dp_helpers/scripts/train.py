@@ -37,6 +37,7 @@ from dp_helpers.config import (
 )
 from dp_helpers.data import make_loader, shard_plan
 from dp_helpers.metrics import MetricsWriter, metrics_dir
+from dp_helpers.mini_ddp import broadcast_state
 from dp_helpers.models import build_model
 from dp_helpers.runs import write_atomic, write_text_atomic
 from dp_helpers.tasks import held_out_scores, held_out_set, loss_function, train_set
@@ -64,8 +65,7 @@ def prepare_model(cfg: TrainConfig, info: dph.DistInfo):
         return zero.fully_sharded(model)
     if cfg.sync == "ddp":
         return dph.wrap_ddp(model, info)
-    for p in model.parameters():
-        dist.broadcast(p.data, src=0)  # rank 0's parameters everywhere, as DDP's constructor makes them
+    broadcast_state(model)  # rank 0's parameters and buffers everywhere, as DDP's constructor makes them
     return model
 
 
