@@ -11,8 +11,10 @@ every checker against right and wrong answers.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import itertools
 import math
+import re
 from pathlib import Path
 
 import torch
@@ -113,10 +115,22 @@ def check_answer(key: str, answer) -> Verdict:
     """A numeric, word or table answer against the package's own computation of it."""
     if _unanswered(answer):
         return verdict(False, "replace the ... with your answer and run the cell again.")
-    problem = difference(answer, ANSWERS[key]())
+    problem = difference(answer, ANSWERS[key](), units=bool(UNITS.search(key)))  # no "MiB for MB" hint for a count
     if problem is None:
         return verdict(True, "that is what this notebook's rules give.")
-    return verdict(False, f"{problem}; recheck the rule in this notebook and try again.")
+    hint = next((words for value, words in LIKELY_MISTAKES.get(key, ()) if difference(answer, value) is None), None)
+    return verdict(False, f"{problem}; {hint or 'recheck the rule in this notebook and try again'}.")
+
+
+# answers learners give by one known slip, and the sentence that names it
+LIKELY_MISTAKES = {
+    "00 one-device batch for 4 ranks of 8": [(4, "4 is the number of processes: one device must take in one step "
+                                                "every sample the 4 processes take together"),
+                                             (8, "8 is one process's batch: one device must take all 4 processes' "
+                                                 "samples in one step")],
+    "02 bytes replicated for 1e6 on 4": [(16_000_000, "that counts device 0 too, which holds the model already: only "
+                                                      "the copies sent to the other devices are replicated")],
+}
 
 
 # your number / the right one, when the right number came out in the wrong unit
@@ -126,6 +140,7 @@ UNIT_SLIPS = {1e6 / 2**20: "MiB where MB (10^6 bytes) are asked", 2**20 / 1e6: "
               1e-3: "a unit 1000 times larger than the one asked (GB for MB?)",
               1e6: "bytes where MB are asked", 1e9: "bytes where GB are asked",
               8: "bits where bytes are asked", 1 / 8: "bytes where bits are asked"}
+UNITS = re.compile(r"bytes|bits|\b[kMG]i?B\b")  # an answer key that asks for a size
 YES_NO = {"true": True, "yes": True, "false": False, "no": False}
 
 
@@ -133,22 +148,24 @@ def _plain(value):
     """A tensor, NumPy value or tuple as the plain Python value it holds."""
     if hasattr(value, "tolist") and not isinstance(value, (list, dict, str)):
         return value.tolist()
-    return list(value) if isinstance(value, tuple) else value
+    return list(value) if isinstance(value, (tuple, range)) else value
 
 
 def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def difference(got, want, what: str = "your answer") -> str | None:
+def difference(got, want, what: str = "your answer", units: bool = True) -> str | None:
     """Why `got` is not `want` (numbers to 1e-6, words in any case, any natural container type), or None."""
     got = _plain(got)
     kind = next((f for t, f in ((bool, _yes_no_difference), (str, _word_difference), (dict, _dict_difference),
                                 (list, _list_difference)) if isinstance(want, t)), None)
+    if kind in (_dict_difference, _list_difference):
+        return kind(got, want, what, units)
     if kind:
         return kind(got, want, what)
     if _number(want):
-        return _number_difference(got, want, what)
+        return _number_difference(got, want, what, units)
     return None if got == want else f"{what} is {got!r}"
 
 
@@ -165,25 +182,26 @@ def _word_difference(got, want: str, what: str) -> str | None:
     return None if got.strip().lower() == want.lower() else f"{what} is {got!r}"
 
 
-def _number_difference(got, want: float, what: str) -> str | None:
+def _number_difference(got, want: float, what: str, units: bool = True) -> str | None:
     if not _number(got):
         return f"{what} is {got!r}; one number is asked"
     if math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-9):
         return None
-    slip = next((words for factor, words in UNIT_SLIPS.items() if math.isclose(got, want * factor, rel_tol=1e-3)), None)
+    slip = next((words for factor, words in UNIT_SLIPS.items() if math.isclose(got, want * factor, rel_tol=1e-3)),
+                None) if units else None
     return f"{what} is {got!r}" + (f": that looks like {slip}" if slip else "")
 
 
-def _list_difference(got, want: list, what: str) -> str | None:
+def _list_difference(got, want: list, what: str, units: bool = True) -> str | None:
     if not isinstance(got, list):
         return f"{what} is {got!r}; a list of {len(want)} values is asked"
     if len(got) != len(want):
         return f"{what} has {len(got)} values; {len(want)} are asked"
-    return next(filter(None, (difference(g, w, f"value {i} of {what}") for i, (g, w) in
+    return next(filter(None, (difference(g, w, f"value {i} of {what}", units) for i, (g, w) in
                               enumerate(zip(got, want, strict=True)))), None)
 
 
-def _dict_difference(got, want: dict, what: str) -> str | None:
+def _dict_difference(got, want: dict, what: str, units: bool = True) -> str | None:
     """A table answer: the keys named when they differ, then the first value that differs."""
     if not isinstance(got, dict):
         return f"{what} is {got!r}; a dict with the keys {sorted(want)} is asked"
@@ -191,7 +209,8 @@ def _dict_difference(got, want: dict, what: str) -> str | None:
     missing = [k for k in want if k.lower() not in keys]
     if missing:
         return f"{what} has the keys {sorted(map(str, got))}; the keys {sorted(want)} are asked"
-    return next(filter(None, (difference(got[keys[k.lower()]], v, f"{what}[{k!r}]") for k, v in want.items())), None)
+    return next(filter(None, (difference(got[keys[k.lower()]], v, f"{what}[{k!r}]", units)
+                              for k, v in want.items())), None)
 
 
 def compare_function(fn, reference, cases, describe, same=None) -> Verdict:
@@ -201,12 +220,23 @@ def compare_function(fn, reference, cases, describe, same=None) -> Verdict:
             got = fn(*args)
         except NotImplementedError:
             return verdict(False, "your function still raises NotImplementedError: write its body.")
+        except Exception as exc:  # the learner's bug, in one line rather than a traceback
+            return verdict(False, f"for {describe(args)} your function raised {type(exc).__name__}: {exc}.")
         if _unanswered(got):
             return verdict(False, f"your function returned {got!r} for {describe(args)}: write its body.")
         want = reference(*args)
         if not (same or _same)(got, want):
-            return verdict(False, f"for {describe(args)} expected {want!r}, got {got!r}.")
+            return verdict(False, f"for {describe(args)} expected {_shown(want)!r}, got {_shown(got)!r}.")
     return verdict(True, f"{len(cases)} cases agree with the reference.")
+
+
+def _shown(value):
+    """A value for a one-line message: tensors (also in a list) as nested lists."""
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
+        return [_shown(v) for v in value]
+    return value
 
 
 def _same(got, want) -> bool:
@@ -215,7 +245,7 @@ def _same(got, want) -> bool:
         return isinstance(got, torch.Tensor) and got.shape == want.shape and torch.equal(got, want)
     if isinstance(want, (list, tuple)) and want and isinstance(want[0], torch.Tensor):
         return isinstance(got, (list, tuple)) and len(got) == len(want) and all(map(_same, got, want))
-    return got == want
+    return difference(got, _plain(want)) is None  # a list for a tuple, a tensor or NumPy value for a number
 
 
 def check_shard(fn) -> Verdict:
@@ -227,9 +257,21 @@ def check_shard(fn) -> Verdict:
 
 def check_scatter(fn) -> Verdict:
     """Notebook 02: fn(batch, n_devices) -> the list of pieces DataParallel's scatter cuts along dim 0."""
+    used = _calls_any(fn, ("chunk", "tensor_split", "split"))
+    if used:
+        return verdict(False, f"your function calls {used}: the exercise asks for slicing only (batch[i:j]).")
     cases = [(torch.arange(rows * 2).reshape(rows, 2), n) for rows in (1, 2, 7, 10, 30) for n in (1, 2, 3, 4, 8)]
     return compare_function(fn, lambda x, n: list(x.chunk(n)), cases,
                             lambda a: f"a batch of {len(a[0])} rows on {a[1]} devices")
+
+
+def _calls_any(fn, names: tuple[str, ...]) -> str | None:
+    """The first of these function names that fn's source calls (`x.chunk(`, `torch.split(`), or None."""
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):  # no source to read (a lambda typed in a console, a builtin): nothing to forbid
+        return None
+    return next((name for name in names if re.search(rf"\b{name}\s*\(", source)), None)
 
 
 def check_ring_step(fn) -> Verdict:
@@ -305,7 +347,22 @@ def _accumulation_problem(fn, sizes: tuple[int, ...]) -> str | None:
     if len(set(sizes)) > 1:
         return (f"with micro-batches of {list(sizes)} samples the weights differ from one step on the whole batch: "
                 "weight each loss by its share of the samples (len(inputs) / total), not by 1/k.")
-    return f"with {k} micro-batches the weights differ from one step on the whole batch (divide each loss by k?)."
+    if k == 1:
+        return ("with one micro-batch (the whole batch) the weights differ from one step of train_step: the mean BCE "
+                "loss on model(inputs) and targets.unsqueeze(1), one backward, one optimizer.step().")
+    return (f"with {k} micro-batches the weights differ from one step on the whole batch: divide each loss by k, and "
+            "step the optimizer once, after the last backward.")
+
+
+def _accumulation_error(exc: Exception) -> str:
+    """An exception raised by the learner's accumulation step, in one sentence with the likely fix."""
+    said = f"your function raised {type(exc).__name__}: {exc}"
+    if "no_sync" in str(exc):
+        return (f"{said}: use the no_sync argument, `with no_sync():` (the checker's model is a plain module; "
+                "under DDP you would pass model.no_sync).")
+    if "context manager" in str(exc):
+        return f"{said}: call it, `with no_sync():`, as you would write `with model.no_sync():`."
+    return f"{said}."
 
 
 def check_accumulate(fn) -> Verdict:
@@ -315,6 +372,8 @@ def check_accumulate(fn) -> Verdict:
             problem = _accumulation_problem(fn, sizes)
         except NotImplementedError:
             return verdict(False, "your function still raises NotImplementedError: write its body.")
+        except Exception as exc:  # the learner's bug, in one line rather than a traceback
+            return verdict(False, _accumulation_error(exc))
         if problem:
             return verdict(False, problem)
     return verdict(True, "one optimizer step equal to the large batch, with equal and unequal micro-batches, and only "
@@ -331,4 +390,4 @@ def check_naive_ring_time(fn) -> Verdict:
     cases = list(itertools.product((0, 4, 4e6, 1e9), (2, 3, 8), (0.0, 2e-5), (1e9, 25e9)))
     return compare_function(fn, naive_ring_time, cases,
                             lambda a: f"bytes={a[0]:g}, world_size={a[1]}, latency={a[2]}, bandwidth={a[3]:g}",
-                            same=lambda got, want: isinstance(got, (int, float)) and abs(got - want) <= 1e-9 * max(1.0, want))
+                            same=lambda got, want: _number(_plain(got)) and abs(_plain(got) - want) <= 1e-9 * max(1.0, want))

@@ -50,7 +50,7 @@ class Outcome:
     """What one run left: the saved weights, the epoch losses rank 0 printed, who printed them, the probes."""
 
     weights: dict | None
-    losses: list[float]
+    losses: list[str]
     printers: list[int] = field(default_factory=list)
     probes: dict[int, list[dict]] = field(default_factory=dict)
 
@@ -73,9 +73,15 @@ def same_as_template(path: Path, template: Path = TEMPLATE) -> bool:
     return path.read_text(encoding="utf-8") == template.read_text(encoding="utf-8")
 
 
-def epoch_losses(lines: list[str]) -> list[float]:
-    """The loss of each 'epoch N ... loss X' line, in order."""
-    return [float(m.group(2)) for m in map(EPOCH_LINE.search, lines) if m]
+def epoch_losses(lines: list[str]) -> list[str]:
+    """The loss of each 'epoch N ... loss X' line, in order, as printed."""
+    return [m.group(2) for m in map(EPOCH_LINE.search, lines) if m]
+
+
+def same_loss(printed: str, exact: str) -> bool:
+    """Whether a printed loss is the exact one, to float32's tolerance or to the digits printed (':.4f' rounds)."""
+    places = len(printed.split("e")[0].split(".")[1]) if "." in printed else 0
+    return abs(float(printed) - float(exact)) <= max(2e-6 + 1e-5 * abs(float(exact)), 0.5 * 10 ** -places)
 
 
 def one_device(lr: float | None = None) -> Outcome:
@@ -113,28 +119,63 @@ def launch(path: Path, world_size: int, folder: Path) -> Outcome | str:
                    read_probes(run_dir))
 
 
-def failure_sentence(exc: DistributedRunError, probes: dict, world_size: int, run_dir: Path) -> str:
-    """A failed launch in one sentence: a collective only some ranks made, or the failing rank's exception."""
+# exceptions whose usual cause in these exercises is one known slip
+ERROR_HINTS = {"'NoneType' object has no attribute 'wait'": "dist.all_reduce returns a work handle only with "
+                                                           "async_op=True (without it, it blocks and returns None)",
+               "Boolean value of Tensor with more than one value is ambiguous": "`param in a_list` compares tensors "
+                                                                                "by value; use a set, or compare ids"}
+# what a rank reports when a peer went away or never came: a consequence, never the cause
+CONSEQUENCES = ("reset by peer", "closed by peer", "timed out", "timeout", "broken pipe", "connection refused")
+
+
+def failure_sentence(exc: DistributedRunError, probes: dict, world_size: int, run_dir: Path,
+                     timeout_s: float = LAUNCH_TIMEOUT_S) -> str:
+    """A failed launch in one sentence: the failing rank's own exception, a group that never formed, or a collective only some ranks made."""
+    logs = f"every rank's output: {run_dir / 'console.log'}"
+    cause = (exc.cause or str(exc)).strip().splitlines()[-1]
+    if "DistNetworkError" in cause or "connect to" in cause or "address already in use" in cause.lower():
+        return (f"the process group never formed ({cause}): under torchrun call dist.init_process_group(backend) with "
+                f"no address, port or init_method; torchrun gives every rank a free port ({logs}).")
+    if "Invalid rank" in cause:
+        return (f"{cause}: a DistributedSampler (or a group) built for another world size; leave num_replicas and rank "
+                f"out, they default to the process group's ({logs}).")
+    if own_error(exc, cause, probes):
+        hint = next((f": {words}" for text, words in ERROR_HINTS.items() if text in cause), "")
+        return (f"on {world_size} ranks, rank {exc.ranks[0]} raised {cause}{your_line(str(exc), exc.ranks[0])}{hint} "
+                f"({logs}).")
     mismatch = collective_mismatch(probes)
     if mismatch:
         return mismatch
-    logs = f"every rank's output: {run_dir / 'console.log'}"
     if isinstance(exc, RunTimeoutError):
-        return f"on {world_size} ranks your script ran past {LAUNCH_TIMEOUT_S} s and was stopped ({logs})."
-    cause = (exc.cause or str(exc)).strip().splitlines()[-1]
+        return (f"on {world_size} ranks your code ran past {timeout_s:g} s and was stopped: a loop that never ends? "
+                f"({logs}).")
     left = sorted(r for r, events in probes.items() if any(e["event"] == "end" for e in events))
     if left and ("reset by peer" in cause or "closed by peer" in cause):
         needing = [r for r in range(world_size) if r not in left]
         return (f"rank(s) {left} finished while rank(s) {needing} still needed them: every rank must run every step, "
                 f"since DDP's backward is a collective, as is every all_reduce ({logs}).")
-    if "Invalid rank" in cause:
-        return (f"{cause}: a DistributedSampler (or a group) built for another world size; leave num_replicas and rank "
-                f"out, they default to the process group's ({logs}).")
     if "timed out" in cause.lower() and exc.ranks:
         waiting, others = exc.ranks[0], [r for r in range(world_size) if r != exc.ranks[0]]
         return (f"rank {waiting} waited {group_timeout_s():g} s in a collective that rank(s) {others} never reached: a "
                 f"hang; is a rank stuck in a loop, or busy with work the others skip? ({logs})")
     return f"on {world_size} ranks your script failed: {cause} ({logs})."
+
+
+def own_error(exc: DistributedRunError, cause: str, probes: dict) -> bool:
+    """Whether the first failing rank raised an exception of its own, not one from waiting for a peer that left."""
+    if not exc.ranks or isinstance(exc, RunTimeoutError) or any(c in cause.lower() for c in CONSEQUENCES):
+        return False
+    calls = [e for e in probes.get(exc.ranks[0], []) if e["event"] in COLLECTIVES]
+    return not (calls and calls[-1].get("phase") == "start")  # it failed inside a collective: its peers are the story
+
+
+def your_line(log: str, rank: int) -> str:
+    """', in <file>, line N': rank's last traceback frame in the learner's own code (not torch's, not ours), or ''."""
+    package = str(Path(__file__).resolve().parent)
+    own = [line for line in log.splitlines() if line.startswith(f"[rank {rank}/")]
+    frames = [(f, n) for f, n in re.findall(r'File "([^"]+)", line (\d+)', "\n".join(own))
+              if not f.startswith(("<", package)) and "site-packages" not in f and "/lib/python" not in f]
+    return f", in {Path(frames[-1][0]).name}, line {frames[-1][1]}" if frames else ""
 
 
 def collective_mismatch(probes: dict[int, list[dict]]) -> str | None:
@@ -224,13 +265,20 @@ def result_problem(outcome: Outcome, reference: Outcome, world_size: int) -> str
             return (f"the gradients come out {world_size}x too small: DDP already averages them over the ranks, "
                     "so the loss must not be divided by world_size again.")
         if same(outcome.weights, one_device(LR * world_size).weights):
-            return f"the gradients come out {world_size}x too large: average them, do not sum them over the ranks."
+            return (f"the steps come out {world_size}x too large: the gradients are summed over the ranks, or the "
+                    "learning rate is multiplied by world_size; DDP averages, and this exercise keeps the one-device "
+                    "learning rate (scaling it with the batch is a choice notebook 05 discusses, not part of DDP).")
         gap = max((outcome.weights[k] - reference.weights[k]).abs().max().item() for k in reference.weights)
         return (f"on {world_size} ranks the weights differ from one device on the global batch of {GLOBAL_BATCH} by "
-                f"up to {gap:.3g}.")
-    if len(outcome.losses) != EPOCHS or any(abs(a - b) > 2e-6 + 1e-5 * abs(b)
-                                            for a, b in zip(outcome.losses, reference.losses, strict=False)):
-        return (f"rank 0 printed losses {outcome.losses}, one device prints {reference.losses}: all-reduce the sum "
+                f"up to {gap:.3g}: does every rank build the same dataset (seeded alike), call optimizer.zero_grad() "
+                "every step, and keep the loop's model, loss and learning rate?")
+    if len(outcome.losses) != EPOCHS:
+        return (f"rank 0 printed {len(outcome.losses)} lines like 'epoch N ... loss X', and the checker reads one per "
+                f"epoch ({EPOCHS}): keep the one-device loop's print once an epoch; other lines must not contain both "
+                "words.")
+    if not all(map(same_loss, outcome.losses, reference.losses)):
+        return (f"rank 0 printed losses {', '.join(outcome.losses)}, one device prints {', '.join(reference.losses)}: "
+                "all-reduce the sum "
                 "of the losses and the number of samples before dividing (rank 0 alone saw only its share).")
     return None
 
@@ -278,8 +326,8 @@ def start_my_ddp_exercise(path="my_ddp_core.py") -> None:
     copy_template(CORE_TEMPLATE, Path(path), "the MyDDP skeleton", "write ready() and launch()", "check_my_ddp")
 
 
-def bucket_problem(step: dict, buckets: int, where: str) -> str | None:
-    """Buckets launched too few, too often, out of order or only after the backward, in one step, or None."""
+def bucket_problem(step: dict, buckets: int, where: str, overlap: bool = True) -> str | None:
+    """Buckets launched too few, too often, out of order, only after the backward or waited for inside it, or None."""
     kinds = [e["kind"] for e in step["events"]]
     launched = [e["arg"] for e in step["events"] if e["kind"] == "launch"]
     if sorted(launched) != list(range(buckets)):
@@ -289,9 +337,15 @@ def bucket_problem(step: dict, buckets: int, where: str) -> str | None:
         return (f"{where}, the buckets were launched in the order {launched}: launch them by index, 0 first, a full "
                 "bucket waiting for the ones before it; two ranks whose gradients arrive in another order would "
                 "otherwise all-reduce different buckets together.")
-    if kinds.index("launch") > len(kinds) - 1 - kinds[::-1].index("ready"):
+    last_ready = len(kinds) - 1 - kinds[::-1].index("ready")
+    if not overlap:  # a model whose first bucket fills last: every launch waits for it, rightly
+        return None
+    if kinds.index("launch") > last_ready:
         return (f"{where}, every all-reduce started after the last gradient was ready: launch a bucket inside ready(), "
                 "as soon as it is full, so that it travels while the backward computes the rest.")
+    if "wait" in kinds and kinds.index("wait") < last_ready:
+        return (f"{where}, an all-reduce was waited for while the backward still produced gradients: then the backward "
+                "stalls on every bucket; wait only in finish(), once the backward is done.")
     return None
 
 
@@ -307,14 +361,17 @@ def gradient_problem(step: dict, world_size: int, where: str) -> str | None:
     return None
 
 
+SKELETON_TIMEOUT_S = 45  # a right answer takes 5-20 s on 2 busy cores; a loop that never ends is stopped sooner
+
+
 def records(exercise: str, path: Path, world_size: int, *args) -> list[dict] | str:
     """Run scripts/<exercise>_check.py with the learner's file on world_size gloo ranks: every rank's record, or why not."""
     run_dir = log_folder(f"{exercise}_w{world_size}") / "run"
     try:
         return run_json(f"{exercise}_check", exercise, "--module", str(path.resolve()), *args, world_size=world_size,
-                        backend="gloo", out_dir=run_dir, timeout=LAUNCH_TIMEOUT_S, env=ON_CPU)
+                        backend="gloo", out_dir=run_dir, timeout=SKELETON_TIMEOUT_S, env=ON_CPU)
     except DistributedRunError as exc:
-        return failure_sentence(exc, {}, world_size, run_dir)
+        return failure_sentence(exc, {}, world_size, run_dir, SKELETON_TIMEOUT_S)
 
 
 def check_my_ddp(path="my_ddp_core.py") -> Verdict:
@@ -334,8 +391,16 @@ def check_my_ddp(path="my_ddp_core.py") -> Verdict:
                 return verdict(False, problem)
         if record["weight_gap"] > 1e-5:
             return verdict(False, f"on rank {rank} the weights end {record['weight_gap']:.3g} away from DDP's.")
+        late = record["reordered"]  # bucket 1 fills before bucket 0: one hook must then launch both, in order
+        where = f"on rank {rank}, with a model whose layers run in the reverse order of their registration"
+        problem = bucket_problem(late["steps"][0], late["buckets"], where, overlap=False) or \
+            gradient_problem(late["steps"][0], len(ranks), where)
+        if problem:
+            return verdict(False, problem + (" (one ready() may have to launch several buckets: a loop)"
+                                             if "launched were" in problem else ""))
     return verdict(True, f"on 2 ranks, {len(ranks[0]['steps'])} steps: {ranks[0]['buckets']} buckets launched in order "
-                         "during the backward, gradients and weights equal to torch's DistributedDataParallel.")
+                         "during the backward, gradients and weights equal to torch's DistributedDataParallel, also "
+                         "for a model whose layers run in the reverse order of their registration.")
 
 
 ZERO1_TEMPLATE = Path(__file__).resolve().parent / "templates" / "my_zero1.py"
@@ -366,8 +431,12 @@ def zero1_problem(ranks: list[dict]) -> str | None:
         if st["gap"] > 1e-5:
             if st["gap_if_summed"] <= 1e-5:
                 return f"step {s} used the sum of the ranks' gradients: divide the reduce-scattered chunk by world_size."
-            return (f"after step {s} the weights differ from one process on the global batch by {st['gap']:.3g}: is "
-                    "each rank updating exactly its own chunk, rank * chunk to (rank + 1) * chunk?")
+            if st.get("gap_if_divided_twice", 1.0) <= 1e-5:
+                return f"step {s} divided the gradient by world_size twice: once, after the reduce-scatter, is enough."
+            return (f"after step {s} the weights differ from one process on the global batch by {st['gap']:.3g}: does "
+                    "each rank reduce-scatter the gradients (not the parameters), update exactly its own chunk "
+                    "(rank * chunk to (rank + 1) * chunk) with velocity = momentum * velocity + gradient (torch's SGD: "
+                    "no dampening), and write the all-gathered values back into the parameters?")
     return None
 
 
@@ -388,6 +457,15 @@ def check_my_zero1(path="my_zero1.py") -> Verdict:
                          "on each rank, and the weights of one process on the global batch.")
 
 
+def too_high_or_low(prediction, measured: dict) -> str:
+    """': too high' or ': too low' for the first predicted number that differs from the measured one, else ''."""
+    for key, want in measured.items():
+        got = prediction.get(key) if isinstance(prediction, dict) else None
+        if isinstance(got, (int, float)) and not isinstance(got, bool) and got != want:
+            return ": too high" if got > want else ": too low"
+    return ""
+
+
 def check_memory_prediction(prediction: dict, stage: int = 2, world_size: int = 3, width: int = 64,
                             depth: int = 2) -> Verdict:
     """Notebook 06: the bytes a rank holds under ZeRO-`stage` with fp32 Adam, predicted, then measured on real ranks."""
@@ -398,7 +476,8 @@ def check_memory_prediction(prediction: dict, stage: int = 2, world_size: int = 
                      out_dir=log_folder("memory") / "run", env=ON_CPU)
     measured = ranks[0][f"ZeRO-{stage}"]["held"]
     problem = difference(prediction, measured, "your prediction")
-    if problem:
-        return verdict(False, f"{problem}; measured on rank 0 of {world_size}: {measured}. Mind the padding of the flat "
-                              "buffer to a multiple of the world size, and Adam's 4-byte step counter.")
+    if problem:  # the measured bytes stay unsaid: they would be the answer
+        return verdict(False, f"{problem}{too_high_or_low(prediction, measured)}, as measured on rank 0 of {world_size}. "
+                              "Mind the padding of the flat buffer to a multiple of the world size, and Adam's 4-byte "
+                              "step counter.")
     return verdict(True, f"measured on {world_size} gloo ranks, rank 0 holds exactly what you predicted: {measured}.")

@@ -139,7 +139,7 @@ def not_written(*args):
 
 @pytest.mark.parametrize("checker, right, wrong, words", [
     (ex.check_shard, shard, lambda n, w, r: list(range(r, n, w)), "expected"),
-    (ex.check_scatter, scatter, lambda x, n: list(x.tensor_split(n)), "expected"),
+    (ex.check_scatter, scatter, lambda x, n: [x[i::n] for i in range(min(n, len(x)))], "expected"),
     (ex.check_ring_step, ring_step, lambda r, s, w: ((r + s) % w, (r + s + 1) % w), "expected"),
     (ex.check_accumulate, accumulate, accumulate_forward_outside, "inside no_sync"),
     (ex.check_accumulate, accumulate, accumulate_no_division, "divide each loss by k"),
@@ -203,3 +203,28 @@ def test_solution_shows_the_file_and_names_the_keys_when_wrong():
     assert "answer_2 = 4 * 8" in ex.solution("00.2").data
     with pytest.raises(ex.UsageError, match="there is no solution '9.9'; the exercises with one are 00.1, 00.2"):
         ex.solution("9.9")
+
+
+def test_forbidden_calls_and_natural_types_and_exceptions_are_answered_in_one_line(capsys):
+    def with_chunk(batch, n):
+        return list(batch.chunk(n))
+
+    def as_tuple(samples, world_size, rank):
+        return tuple(range(rank, samples, world_size))  # a tuple for a list, wrong only where padding is needed
+
+    assert not ex.check_scatter(with_chunk)
+    assert not ex.check_shard(as_tuple)
+    assert ex.check_ring_step(lambda r, s, w: [(r - s) % w, (r - s - 1) % w])  # a list for a tuple
+    assert not ex.check_shard(lambda n, w, r: 1 / 0)
+    out = capsys.readouterr().out.splitlines()
+    assert "your function calls chunk: the exercise asks for slicing only" in out[0]
+    assert "expected [0], got ()." in out[1] and out[2].startswith("correct")
+    assert "your function raised ZeroDivisionError: division by zero." in out[3]
+
+
+def test_a_count_gets_no_unit_hint_and_a_known_slip_is_named(capsys):
+    assert not ex.check_answer("00 one-device batch for 4 ranks of 8", 4)
+    assert not ex.check_answer("02 bytes replicated for 1e6 on 4", 16_000_000)
+    out = capsys.readouterr().out.splitlines()
+    assert "bits" not in out[0] and "4 is the number of processes" in out[0]
+    assert "that counts device 0 too" in out[1]

@@ -38,6 +38,8 @@ MISTAKES = {
                             "2x too small: DDP already averages"),
     "a collective inside if rank == 0": (mistake((REDUCE, "        if rank == 0:\n            dist.all_reduce(total)\n")),
                                          "rank 0 waited in all_reduce (its collective number 1) for rank(s) [1]"),
+    "an exception on one rank": (mistake((REDUCE, "        if rank == 1 and epoch == 2:\n            raise RuntimeError('boom')\n"
+                                                  + REDUCE)), "rank 1 raised RuntimeError: boom, in my_ddp.py, line"),
     "a hang": (mistake((JOINED, JOINED + "    while rank == 1:  # stuck for ever\n        pass\n")),
                "rank 0 waited 4 s in a collective that rank(s) [1] never reached"),
 }
@@ -85,7 +87,7 @@ def outcome(**changes) -> sc.Outcome:
                + [{"event": "__iter__", "phase": "start", "epoch": e} for e in range(sc.EPOCHS)]
                + [{"event": "save", "phase": "start", "path": "w.pt", "keys": ["weight", "bias"]}],
             1: [{"event": "sampler", "num_replicas": 2, "rank": 1, "shuffle": True, "seed": 0, "samples": 960}]}
-    fields = {"weights": {"weight": 0, "bias": 0}, "losses": [1.0] * sc.EPOCHS, "printers": [0], "probes": good}
+    fields = {"weights": {"weight": 0, "bias": 0}, "losses": ["1.0"] * sc.EPOCHS, "printers": [0], "probes": good}
     return sc.Outcome(**{**fields, **changes})
 
 
@@ -144,7 +146,25 @@ def test_a_global_batch_on_every_rank_is_named():
 
 def test_epoch_lines_are_read_in_any_common_format():
     assert sc.epoch_losses(["epoch 1 loss 0.5", "Epoch 2/4: loss=0.25", "step 7 loss 9.0", "epoch 3 | loss 1e-3"]) \
-        == [0.5, 0.25]
+        == ["0.5", "0.25"]
+
+
+def test_a_loss_printed_with_fewer_digits_is_the_same_loss():
+    assert sc.same_loss("1.8269", "1.826911") and sc.same_loss("1.826911", "1.826911")
+    assert not sc.same_loss("1.8270", "1.826911") and not sc.same_loss("1.826950", "1.826911")
+
+
+def test_a_rank_s_own_exception_and_a_group_that_never_formed_are_named(tmp_path):
+    from dp_helpers.launch import DistributedRunError
+
+    log = ('[rank 0/2]   File "/home/me/my_ddp.py", line 43, in main\n[rank 1/2]   File "/home/me/my_ddp.py", line 42,'
+           ' in main\n[rank 1/2] RuntimeError: boom')
+    boom = DistributedRunError(log, ranks=(1, 0), cause="RuntimeError: boom")
+    stuck = {0: [{"event": "all_reduce", "phase": "start"}], 1: []}  # rank 0 then waits for rank 1, which died
+    assert "rank 1 raised RuntimeError: boom, in my_ddp.py, line 42" in sc.failure_sentence(boom, stuck, 2, tmp_path)
+    port = DistributedRunError("failed", ranks=(0, 1), cause="DistNetworkError: The client socket has timed out after "
+                               "10000ms while trying to connect to (127.0.0.1, 29500).")
+    assert "the process group never formed" in sc.failure_sentence(port, {}, 2, tmp_path)
 
 
 CORE = (SOLUTIONS / "04_3.py").read_text()
@@ -156,6 +176,12 @@ CORE_MISTAKES = {  # launched for real; the other mistakes are judged from recor
     "summed": ((" / dist.get_world_size()", ""), "your gradients are 2x DDP's"),
     "launched after the backward": ((LOOP, AT_THE_END.format("range(len(self.buckets))")),
                                     "every all-reduce started after the last gradient was ready"),
+    "if instead of while": ((LOOP, LOOP.replace("while self.next", "if self.next")),
+                            "reverse order of their registration, the buckets launched were [0] of [0, 1]"),
+    "waited in launch": (("        self.pending.append((k, flat, dist.all_reduce(flat, async_op=True)))",
+                          "        work = dist.all_reduce(flat, async_op=True)\n        work.wait()\n"
+                          "        self.pending.append((k, flat, work))"),
+                         "waited for while the backward still produced gradients"),
 }
 
 
@@ -215,7 +241,7 @@ def zero1_record(names=("reduce_scatter_single", "all_gather_single"), state=123
     ([zero1_record(names=("reduce_scatter_single",))] * 2, "ZeRO-1 needs one reduce-scatter and one all-gather"),
     ([zero1_record(state=2465)] * 2, "the ranks keep [2465, 2465] values of optimizer state: each needs only its chunk, 1233"),
     ([zero1_record(), zero1_record(weights=(2.0,))], "all-gather every rank's updated chunk"),
-    ([zero1_record(gap=0.4)] * 2, "is each rank updating exactly its own chunk"),
+    ([zero1_record(gap=0.4)] * 2, "update exactly its own chunk"),
 ])
 def test_each_zero1_record_problem_is_named(ranks, words):
     problem = sc.zero1_problem(ranks)
@@ -231,7 +257,7 @@ def test_the_zero1_solution_equals_one_process(tmp_path, capsys):
 
 
 # each launched for real: (checker, the solution, its file name, how the sentence starts, the mistake, its words)
-LAUNCHED = [(sc.check_my_ddp, CORE, "my_ddp_core.py", "not yet: on rank 0, step 1, ", *m) for m in CORE_MISTAKES.values()] \
+LAUNCHED = [(sc.check_my_ddp, CORE, "my_ddp_core.py", "not yet: on rank 0, ", *m) for m in CORE_MISTAKES.values()] \
     + [(sc.check_my_zero1, ZERO1, "my_zero1.py", "not yet: on 2 ranks, ", *m) for m in ZERO1_MISTAKES.values()]
 
 
@@ -253,7 +279,8 @@ def test_a_memory_prediction_is_measured_on_three_ranks(capsys):
     assert not sc.check_memory_prediction({**right, "parameters": 4 * 4865})  # the padding forgotten
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("correct: measured on 3 gloo ranks")
-    assert "your prediction['parameters'] is 19460; measured on rank 0 of 3: {'parameters': 19464" in out[1]
+    assert "your prediction['parameters'] is 19460: too low, as measured on rank 0 of 3." in out[1]
+    assert "19464" not in out[1]  # the measured bytes would give the answer away
 
 
 def test_an_unanswered_prediction_starts_nothing(capsys):

@@ -15,6 +15,8 @@ import importlib.util
 import time
 
 import torch
+import torch.distributed as dist
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dp_helpers import dist as dph
@@ -42,6 +44,50 @@ def recorded(method, events: list, kind: str):
     return note
 
 
+class NotedWork:
+    """An async all-reduce's work handle whose wait() is noted in the events (when, relative to the hooks)."""
+
+    def __init__(self, work, events: list):
+        self.work, self.events = work, events
+
+    def wait(self, *args, **kwargs):
+        """Note the wait, then wait."""
+        self.events.append({"kind": "wait", "arg": None, "t": time.perf_counter()})
+        return self.work.wait(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.work, name)
+
+
+def note_waits(events: list) -> None:
+    """Make dist.all_reduce(..., async_op=True) hand back work whose wait() is noted."""
+    original = dist.all_reduce
+
+    @functools.wraps(original)
+    def all_reduce(*args, **kwargs):
+        """The original; its work handle noted."""
+        work = original(*args, **kwargs)
+        return NotedWork(work, events) if work is not None else None
+
+    dist.all_reduce = all_reduce
+
+
+class Reordered(nn.Module):
+    """Two layers that run in the reverse order of their registration: the later bucket fills first."""
+
+    def __init__(self, seed: int):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.head, self.body = nn.Linear(16, 1), nn.Linear(10, 16)  # registered head first, used last
+
+    def forward(self, x):
+        """body, then head."""
+        return torch.sigmoid(self.head(torch.relu(self.body(x))))
+
+
+REORDERED_CAP = 700  # bytes: body's 704 in one bucket, head's 68 in the other
+
+
 def one_step(mine, theirs, info, step: int, events: list) -> dict:
     """One forward and backward of both wrappers on the same batch: the events, and the gradients side by side."""
     x, y = batch(info, step)
@@ -65,6 +111,7 @@ def main(info: dph.DistInfo) -> None:
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args()
     events: list[dict] = []
+    note_waits(events)
     cls = load(args.module)
     cls.ready = recorded(cls.ready, events, "ready")  # before the constructor registers it as the hook
     cls.launch = recorded(cls.launch, events, "launch")
@@ -77,6 +124,8 @@ def main(info: dph.DistInfo) -> None:
             opt.step()
     record["weight_gap"] = max((a - b).abs().max().item() for a, b in zip(mine.parameters(), theirs.parameters(),
                                                                           strict=True))
+    mine, theirs = cls(Reordered(seed=info.rank), REORDERED_CAP), DDP(Reordered(seed=0))
+    record["reordered"] = {"buckets": len(mine.buckets), "steps": [one_step(mine, theirs, info, 9, events)]}
     dph.gather_to_file(info, record, "my_ddp.json")
 
 

@@ -4,7 +4,7 @@
 
 Every rank records which collectives the optimizer called and on how many values, how much momentum it keeps, its
 weights after each step and their distance to one process with the global batch (SGD, momentum 0.9, and the
-same with the gradient summed instead of averaged). Rank 0 writes my_zero1.json with every rank's record.
+same with the gradient summed, or divided twice, instead of averaged). Rank 0 writes my_zero1.json with every rank's record.
 """
 
 from __future__ import annotations
@@ -76,15 +76,21 @@ def main(info: dph.DistInfo) -> None:
     count_calls(calls)
     model = mlp(seed=0)
     optimizer = load(args.module)(model.parameters(), lr=LR, momentum=MOMENTUM)
-    (ref, ref_opt), (summed, summed_opt) = alone(LR), alone(LR * info.world_size)
+    (ref, ref_opt), (summed, summed_opt), (twice, twice_opt) = (alone(LR * f) for f in (1, info.world_size,
+                                                                                       1 / info.world_size))
     record = {"numel": sum(p.numel() for p in model.parameters()), "steps": []}
     for s in range(args.steps):
         del calls[:]
         step(model, optimizer, *batch(info, s))
         step(ref, ref_opt, *global_batch(s, info.world_size))
         step(summed, summed_opt, *global_batch(s, info.world_size))
-        record["steps"].append({"calls": list(calls), "gap": gap(model, ref), "gap_if_summed": gap(model, summed)})
-    record["state"] = sum(t.numel() for t in vars(optimizer).values() if isinstance(t, torch.Tensor))
+        step(twice, twice_opt, *global_batch(s, info.world_size))
+        record["steps"].append({"calls": list(calls), "gap": gap(model, ref), "gap_if_summed": gap(model, summed),
+                                "gap_if_divided_twice": gap(model, twice)})
+    # the template's state is its velocity; other tensors kept between steps (reused buffers) are not optimizer state
+    state = getattr(optimizer, "velocity", None)
+    record["state"] = state.numel() if isinstance(state, torch.Tensor) else \
+        sum(t.numel() for t in vars(optimizer).values() if isinstance(t, torch.Tensor))
     record["weights"] = [p.detach().flatten().tolist() for p in model.parameters()]
     dph.gather_to_file(info, record, "my_zero1.json")
 

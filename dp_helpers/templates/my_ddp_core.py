@@ -3,6 +3,8 @@
 check_my_ddp("my_ddp_core.py") runs this MyDDP on 2 gloo ranks next to torch's DistributedDataParallel.
 """
 
+import torch  # noqa: F401 (for your code)
+import torch.distributed as dist  # noqa: F401 (for your code)
 from torch import nn
 
 from dp_helpers.mini_ddp import assign_buckets, broadcast_state, engine_callback
