@@ -369,7 +369,8 @@ def records(exercise: str, path: Path, world_size: int, *args) -> list[dict] | s
     run_dir = log_folder(f"{exercise}_w{world_size}") / "run"
     try:
         return run_json(f"{exercise}_check", exercise, "--module", str(path.resolve()), *args, world_size=world_size,
-                        backend="gloo", out_dir=run_dir, timeout=SKELETON_TIMEOUT_S, env=ON_CPU)
+                        backend="gloo", out_dir=run_dir, timeout=SKELETON_TIMEOUT_S,
+                        env={**ON_CPU, "DP_PG_TIMEOUT": str(group_timeout_s())})  # a hang fails in seconds
     except DistributedRunError as exc:
         return failure_sentence(exc, {}, world_size, run_dir, SKELETON_TIMEOUT_S)
 
@@ -481,3 +482,83 @@ def check_memory_prediction(prediction: dict, stage: int = 2, world_size: int = 
                               "Mind the padding of the flat buffer to a multiple of the world size, and Adam's 4-byte "
                               "step counter.")
     return verdict(True, f"measured on {world_size} gloo ranks, rank 0 holds exactly what you predicted: {measured}.")
+
+
+ALL_GATHER_TEMPLATE = Path(__file__).resolve().parent / "templates" / "my_all_gather.py"
+POINT_TO_POINT = ("send", "recv", "isend", "irecv")
+
+
+def start_my_all_gather_exercise(path="my_all_gather.py") -> None:
+    """Notebook 03: copy the ring_all_gather skeleton to `path` to edit (a file already there is kept: it may be your work)."""
+    copy_template(ALL_GATHER_TEMPLATE, Path(path), "the ring_all_gather skeleton", "write its loop",
+                  "check_my_all_gather")
+
+
+def all_gather_problem(ranks: list[list[dict]]) -> str | None:
+    """What a ring all-gather did wrong (collectives, peers, the result, the bytes) on some rank and case, or None."""
+    world_size = len(ranks)
+    for rank, cases in enumerate(ranks):
+        right, left = (rank + 1) % world_size, (rank - 1) % world_size
+        for case in cases:
+            where = f"rank {rank}, a {case['dtype'].replace('torch.', '')} tensor of shape {tuple(case['shape'])}"
+            problem = peer_problem(case["calls"], rank, right, left) or piece_problem(case, world_size)
+            if problem:
+                return f"{where}: {problem}"
+            if case["bytes"] > (world_size - 1) * case["mine"]:
+                return (f"{where}: it sent {case['bytes']} bytes where {world_size - 1} pieces of {case['mine']} are "
+                        "enough: send each piece on once, the one that arrived last.")
+    return None
+
+
+def peer_problem(calls: list[dict], rank: int, right: int, left: int) -> str | None:
+    """A collective used, or a message sent or received beyond the two neighbours, in words, or None."""
+    collectives = sorted({c["name"] for c in calls if c["name"] not in POINT_TO_POINT})
+    if collectives:
+        return f"your code called dist.{collectives[0]}: build the all-gather from isend/irecv (or send/recv) only."
+    sent_to = sorted({c["peer"] for c in calls if "send" in c["name"]} - {right})
+    heard = sorted({c["peer"] for c in calls if "recv" in c["name"]} - {left})
+    if sent_to or heard:
+        return (f"it {'sent to' if sent_to else 'received from'} rank {(sent_to or heard)[0]}: in the ring rank {rank} "
+                f"sends to its right neighbour {right} only and receives from its left neighbour {left} only.")
+    return None
+
+
+def piece_problem(case: dict, world_size: int) -> str | None:
+    """A result of the wrong shape, or pieces missing or out of place, in words, or None."""
+    want = [world_size * case["shape"][0], *case["shape"][1:]]
+    if case["result_shape"] != want:
+        return f"the result has shape {case['result_shape']}, where dist.all_gather's concatenation has {want}."
+    if case["whose"] != list(range(world_size)):
+        return (f"the result's pieces hold the tensors of ranks {case['whose']} (None: nobody's), where piece k must "
+                "hold rank k's.")
+    return None
+
+
+def message_problem(failure: str, world_size: int) -> str:
+    """A failed ring all-gather's sentence, with what hangs and aborts mean for messages."""
+    logs = failure[failure.rfind("(every rank's output"):]
+    if "waited" in failure or "timed out" in failure:
+        return (f"on {world_size} ranks a rank waited {group_timeout_s():g} s for a message that never came (a hang): "
+                "if every rank first blocks in recv (or send), nobody sends; post the receive and the send together "
+                f"(dist.irecv, dist.isend, then wait for both) {logs}.")
+    if "Aborted" in failure:
+        return (f"{failure} A message whose size differs from its receive buffer aborts gloo: send "
+                "exactly one piece, into a piece of the same shape.")
+    return failure
+
+
+def check_my_all_gather(path="my_all_gather.py") -> Verdict:
+    """Notebook 03: the learner's ring all-gather on 3 and 4 gloo ranks against dist.all_gather, over five inputs."""
+    path = Path(path)
+    early = file_problem(path, ALL_GATHER_TEMPLATE, "the ring_all_gather skeleton")
+    if early:
+        return verdict(False, early)
+    for world_size in (3, 4):
+        ranks = records("my_all_gather", path, world_size)
+        if isinstance(ranks, str):
+            return verdict(False, message_problem(ranks, world_size))
+        problem = all_gather_problem(ranks)
+        if problem:
+            return verdict(False, f"on {world_size} ranks, {problem}")
+    return verdict(True, "on 3 and 4 ranks, five shapes and dtypes: dist.all_gather's result, from messages to the "
+                         "right neighbour only, (W - 1) pieces sent by each rank.")

@@ -190,7 +190,7 @@ def test_wrong_answers_are_named(got, want, words):
 
 
 SOLUTIONS = sorted(ex.SOLUTIONS.glob("*.py"))
-SCRIPTS = {"00_1.py", "04_3.py", "06_3.py", "06_4.py"}  # code for ranks: tests/test_script_check.py launches it
+SCRIPTS = {"00_1.py", "03_3.py", "04_3.py", "06_3.py", "06_4.py"}  # code for ranks: tests/test_script_check.py launches it
 
 
 @pytest.mark.parametrize("path", [p for p in SOLUTIONS if p.name not in SCRIPTS], ids=lambda p: p.name)

@@ -286,3 +286,45 @@ def test_a_memory_prediction_is_measured_on_three_ranks(capsys):
 def test_an_unanswered_prediction_starts_nothing(capsys):
     assert not sc.check_memory_prediction({"parameters": ..., "gradients": 0, "optimizer state": 0})
     assert "replace each ..." in capsys.readouterr().out
+
+
+RING = (SOLUTIONS / "03_3.py").read_text()
+
+
+@pytest.mark.slow
+def test_the_ring_all_gather_solution_equals_dist_all_gather(tmp_path, capsys):
+    path = tmp_path / "my_all_gather.py"
+    path.write_text(RING)
+    assert sc.check_my_all_gather(path)
+    assert capsys.readouterr().out.startswith("correct: on 3 and 4 ranks")
+
+
+def gather_case(calls=None, whose=(0, 1, 2), result_shape=(15,), sent=40) -> dict:
+    """Rank 0's record of one 3-rank case: a float32 tensor of 5 values."""
+    calls = calls if calls is not None else [{"name": "irecv", "peer": 2}, {"name": "isend", "peer": 1}] * 2
+    return {"shape": [5], "dtype": "torch.float32", "calls": calls, "bytes": sent, "mine": 20,
+            "result_shape": list(result_shape), "whose": list(whose)}
+
+
+@pytest.mark.parametrize("case, words", [
+    (gather_case(), None),
+    (gather_case(calls=[{"name": "all_gather", "peer": None}]), "your code called dist.all_gather: build the all-gather"),
+    (gather_case(calls=[{"name": "isend", "peer": 2}]), "it sent to rank 2: in the ring rank 0 sends to its right"),
+    (gather_case(calls=[{"name": "irecv", "peer": 1}]), "it received from rank 1"),
+    (gather_case(whose=(0, 2, 1)), "the result's pieces hold the tensors of ranks [0, 2, 1]"),
+    (gather_case(result_shape=(5,)), "the result has shape [5], where dist.all_gather's concatenation has [15]"),
+    (gather_case(sent=80), "it sent 80 bytes where 2 pieces of 20 are enough"),
+])
+def test_each_ring_all_gather_problem_is_named(case, words):
+    ranks = [[case], [gather_case(calls=[{"name": "isend", "peer": 2}, {"name": "irecv", "peer": 0}])],
+             [gather_case(calls=[{"name": "isend", "peer": 0}, {"name": "irecv", "peer": 1}])]]
+    problem = sc.all_gather_problem(ranks)
+    assert problem is None if words is None else words in problem and problem.startswith("rank 0, a float32 tensor")
+
+
+def test_a_hang_and_an_abort_in_the_ring_are_explained():
+    hang = "rank 0 waited 4 s in a collective that rank(s) [1] never reached: a hang (every rank's output: x/console.log)"
+    assert "for a message that never came" in sc.message_problem(hang, 3)
+    assert sc.message_problem(hang, 3).endswith("(every rank's output: x/console.log).")
+    abort = "on 3 ranks, rank 0 raised Fatal Python error: Aborted (every rank's output: x/console.log)."
+    assert "differs from its receive buffer" in sc.message_problem(abort, 3)

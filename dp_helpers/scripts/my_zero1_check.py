@@ -25,27 +25,29 @@ COLLECTIVES = ("all_reduce", "reduce_scatter_single", "reduce_scatter_tensor", "
 LR, MOMENTUM = 0.5, 0.9
 
 
-def count_calls(calls: list) -> None:
-    """Note every collective called through torch.distributed: its name and the values it was handed."""
-    for name in filter(lambda n: hasattr(dist, n), COLLECTIVES):
+def count_calls(calls: list, names=COLLECTIVES) -> None:
+    """Note every call of these torch.distributed functions: its name, the values it was handed, its peer (send/recv)."""
+    for name in filter(lambda n: hasattr(dist, n), names):
         original = getattr(dist, name)
 
         @functools.wraps(original)
         def counted(*args, _name=name, _original=original, **kwargs):
             """The original, after a record."""
             tensors = [a for a in args if isinstance(a, torch.Tensor)]
-            calls.append({"name": _name, "values": max((t.numel() for t in tensors), default=0)})
+            peer = kwargs.get("dst", kwargs.get("src", args[1] if len(args) > 1 else None))
+            calls.append({"name": _name, "values": max((t.numel() for t in tensors), default=0),
+                          "peer": peer if "send" in _name or "recv" in _name else None})
             return _original(*args, **kwargs)
 
         setattr(dist, name, counted)
 
 
-def load(path: str):
-    """The MyZero1 class of the learner's file (imported after the counting is in place)."""
-    spec = importlib.util.spec_from_file_location("my_zero1", path)
+def load(path: str, module_name: str = "my_zero1", attribute: str = "MyZero1"):
+    """The class or function the learner's file defines (imported after the counting is in place)."""
+    spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.MyZero1
+    return getattr(module, attribute)
 
 
 def alone(lr: float):
