@@ -14,12 +14,21 @@ from .config import add_train_flags, config_from_args, shard_plan, train_samples
 from .env import BACKENDS
 
 
+class DefaultsOnce(argparse.ArgumentDefaultsHelpFormatter):
+    """Each flag's default said once: not after a help text that already names it, nor for a default of nothing."""
+
+    def _get_help_string(self, action):
+        if "(default" in (action.help or "") or action.default in (None, ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The CLI's parser with its two commands."""
     parser = argparse.ArgumentParser(prog="python -m dp_helpers", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="train the source article's problem with DDP and write a run folder",
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                           formatter_class=DefaultsOnce)
     train.add_argument("--world-size", type=int, default=None,
                        help="processes (default: one per GPU with >= 2 GPUs, else 2 CPU processes)")
     train.add_argument("--backend", choices=BACKENDS, default="auto", help="process-group backend")
@@ -33,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--oversubscribe", action="store_true",
                        help="allow a world size far above the CPU cores (more than max(8, 4 x cores) processes)")
     sub.add_parser("doctor", help="what this machine can do and what train would pick")
-    bench = sub.add_parser("bench", help="throughput, speed-up and all-reduce bandwidth, measured side by side")
+    bench = sub.add_parser("bench", help="throughput, speed-up and all-reduce bandwidth, measured side by side",
+                           formatter_class=DefaultsOnce)
     bench.add_argument("--quick", action="store_true", help="fewer steps and sizes: about a minute on 2 CPU cores")
     bench.add_argument("--world-sizes", type=int, nargs="+", default=None,
                        help="default: 1 up to one process per core (CPU) or per GPU")
@@ -126,8 +136,8 @@ def check_restarts(max_restarts: int, cfg) -> None:
                          "snapshot, and without one it would start over from epoch 1.")
 
 
-def stopped_summary(run_dir: Path, cfg, reason: str) -> None:
-    """After a run was stopped: summary.json says so, and how far it got (what finished stays in the folder)."""
+def stopped_summary(run_dir: Path, cfg, reason: str, status: str = "stopped", **more) -> None:
+    """After a run was stopped or failed: summary.json says so, how far it got, and the checkpoint it left."""
     from .metrics import MetricsTail, metrics_dir
     from .runs import write_text_atomic
 
@@ -135,8 +145,9 @@ def stopped_summary(run_dir: Path, cfg, reason: str) -> None:
         return
     steps = MetricsTail(metrics_dir(run_dir) / "rank0.jsonl").new_lines()  # complete lines, a restart's redone steps once
     write_text_atomic(run_dir / "summary.json", json.dumps(
-        {"status": "stopped", "reason": reason, "config": cfg.as_dict(), "steps_logged_by_rank_0": steps,
-         "checkpoint": cfg.checkpoint or None}, indent=2) + "\n")
+        {"status": status, "reason": reason, **more, "config": cfg.as_dict(), "steps_logged_by_rank_0": steps,
+         "checkpoint": cfg.checkpoint if cfg.checkpoint and Path(cfg.checkpoint).is_file() else None},
+        indent=2) + "\n")
 
 
 def report(result, lines: list[str]) -> None:
@@ -149,7 +160,7 @@ def report(result, lines: list[str]) -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     """Validate, launch the DDP job with a progress bar, draw loss.png, print where everything is."""
-    from .launch import RunTimeoutError, plan_world_size, run_ddp
+    from .launch import DistributedRunError, RunTimeoutError, plan_world_size, run_ddp
 
     cfg = config_from_args(args)
     world_size = plan_world_size(args.world_size, args.backend)
@@ -164,6 +175,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         stopped_summary(exc.run_dir, cfg, f"--timeout {args.timeout:g} s")
         raise RunTimeoutError(f"{exc}\nThe run folder keeps what finished ({exc.run_dir}); raise --timeout, or leave it "
                               "out: the CLI sets no limit by default.", run_dir=exc.run_dir) from None
+    except DistributedRunError as exc:
+        stopped_summary(exc.run_dir, cfg, str(exc).splitlines()[0], "failed", failed_ranks=list(exc.ranks))
+        raise
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated)
+        stopped_summary(getattr(exc, "run_dir", None), cfg, "terminated (SIGTERM)" if isinstance(exc, Terminated)
+                        else "interrupted (Ctrl-C)")
+        raise
     from .plotting import run_title, save_loss_figure
 
     summary = result.summary

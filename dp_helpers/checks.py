@@ -9,6 +9,10 @@ class UsageError(ValueError):
     """Bad input, refused in one sentence before anything starts; the CLI prints it without a traceback."""
 
 
+class MissingFileError(UsageError, FileNotFoundError):
+    """A file the request names does not exist: a UsageError that `except FileNotFoundError` also catches."""
+
+
 def check_int(name: str, value, minimum: int) -> None:
     """Refuse a value that is not a real int (bools too) or is below minimum."""
     if isinstance(value, bool) or not isinstance(value, int):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -17,9 +18,16 @@ STRATEGIES = ("ddp", "zero1", "fsdp")
 BN_SYNCS = ("none", "allreduce", "syncbn")
 
 
-def option(default, help: str, minimum: int | None = None, choices: tuple | None = None):
-    """A TrainConfig field with what its command-line flag and its check need: help text, minimum, choices."""
-    return field(default=default, metadata={"help": help, "minimum": minimum, "choices": choices})
+def option(default, help: str, minimum: int | None = None, choices: tuple | None = None, kind: type | None = None):
+    """A TrainConfig field with what its command-line flag and its check need: help text, minimum, choices, type."""
+    return field(default=default, metadata={"help": help, "minimum": minimum, "choices": choices,
+                                            "kind": kind or type(default)})
+
+
+# what --model, --lr and --momentum mean when left out: each data set's own recipe (digits: 98.0 % held out after the
+# default 10 epochs on 2 processes, measured; tests/test_train.py asserts >= 90 % after 2)
+DATA_DEFAULTS = {"synthetic": {"model": "linear", "lr": 0.01, "momentum": 0.0},
+                 "digits": {"model": "cnn", "lr": 0.05, "momentum": 0.9}}
 
 
 @dataclass(frozen=True)
@@ -29,15 +37,17 @@ class TrainConfig:
     epochs: int = option(10, "passes over the data", minimum=1)
     batch_size: int = option(10, "samples per process per step (micro_batch_size); the global batch is "
                                  "world_size x batch_size x grad_accum_steps", minimum=1)
-    lr: float = option(0.01, "SGD learning rate")
+    lr: float = option(None, "SGD learning rate (default: 0.01 with synthetic data, 0.05 with digits)", kind=float)
     samples: int = option(100, "synthetic samples", minimum=1)
     dim: int = option(10, "features per sample", minimum=1)
     seed: int = option(0, "seeds data, weights and shuffling", minimum=0)
     data: str = option("synthetic", "synthetic: the source article's random features and 0/1 labels; digits: "
-                                    "scikit-learn's bundled 8x8 handwritten digits (1,500 to train, 297 held out)",
+                                    "scikit-learn's bundled 8x8 handwritten digits (1,500 to train, 297 held out; its defaults "
+                                    "--model cnn --lr 0.05 --momentum 0.9 reach about 98 percent held-out accuracy in the "
+                                    "default 10 epochs on 2 processes)",
                        choices=DATA)
-    model: str = option("linear", "linear (the source article's), mlp, bn (a BatchNorm layer); cnn with --data digits",
-                        choices=MODELS)
+    model: str = option(None, "linear (the source article's), mlp, bn (a BatchNorm layer); cnn with --data digits "
+                              "(default: linear with synthetic data, cnn with digits)", choices=MODELS, kind=str)
     sync: str = option("ddp", "ddp: DistributedDataParallel; manual: all_reduce the gradients by hand", choices=SYNCS)
     strategy: str = option("ddp", "ddp: every rank holds everything; zero1: DDP with torch's ZeroRedundancyOptimizer "
                                   "(optimizer state sharded); fsdp: torch's fully_shard (parameters, gradients and "
@@ -46,7 +56,8 @@ class TrainConfig:
     grad_accum_steps: int = option(1, "micro-batches per optimizer step; DDP all-reduces only on the last (no_sync)",
                                    minimum=1)
     use_no_sync: bool = option(True, "with accumulation, skip the all-reduce of all but the last micro-batch")
-    momentum: float = option(0.0, "SGD momentum: optimizer state that a checkpoint must carry")
+    momentum: float = option(None, "SGD momentum: optimizer state that a checkpoint must carry (default: 0 with "
+                                   "synthetic data, 0.9 with digits)", kind=float)
     bn_sync: str = option("none", "with --model bn: per-rank statistics (none), an all-reduce by hand, or "
                                   "SyncBatchNorm (GPUs)", choices=BN_SYNCS)
     checkpoint: str = option("", "after every epoch rank 0 saves model, optimizer, epoch and history here (written "
@@ -56,14 +67,21 @@ class TrainConfig:
     fail_at: str = option("", "EPOCH:RANK: that rank kills itself (SIGKILL) halfway through that epoch (1-based), "
                               "once: a fault for --max-restarts to survive")
 
+    def __post_init__(self):
+        """Fill --model, --lr and --momentum left out (None) from the data's own recipe."""
+        for name, value in DATA_DEFAULTS.get(self.data, {}).items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, value)  # frozen: set once, here
+
     def as_args(self) -> list[str]:
         """The fields that differ from the defaults, as worker command-line flags (a True bool is a bare flag)."""
-        args = []
+        args, defaults = [], DATA_DEFAULTS.get(self.data, {})
         for f in fields(self):
             flag, value = f"--{f.name.replace('_', '-')}", getattr(self, f.name)
-            if value != f.default and isinstance(value, bool):
+            default = defaults.get(f.name, f.default)
+            if value != default and isinstance(value, bool):
                 args.append(flag if value else f"--no-{flag[2:]}")
-            elif value != f.default:
+            elif value != default:
                 args += [flag, str(value)]
         return args
 
@@ -102,8 +120,15 @@ def check_paths(cfg: TrainConfig) -> None:
         raise UsageError(f"resume={cfg.resume!r} is a folder; give the checkpoint file a --checkpoint run wrote.")
     if cfg.resume and not Path(cfg.resume).is_file():
         raise UsageError(f"resume={cfg.resume!r}: no such checkpoint file; give the path a --checkpoint run wrote.")
-    if cfg.checkpoint and not Path(cfg.checkpoint).resolve().parent.is_dir():
+    if not cfg.checkpoint:
+        return
+    target = Path(cfg.checkpoint).expanduser().resolve()
+    if target.is_dir():
+        raise UsageError(f"checkpoint={cfg.checkpoint!r} is a folder; give a file name in it, e.g. {cfg.checkpoint}/ck.pt.")
+    if not target.parent.is_dir():
         raise UsageError(f"checkpoint={cfg.checkpoint!r}: its folder does not exist; create it first.")
+    if not os.access(target.parent, os.W_OK | os.X_OK):  # the snapshot is written beside it, then renamed
+        raise UsageError(f"checkpoint={cfg.checkpoint!r}: its folder {target.parent} is not writable.")
 
 
 def train_samples(cfg: TrainConfig) -> int:
@@ -153,7 +178,7 @@ def add_train_flags(parser: argparse.ArgumentParser) -> None:
         if isinstance(f.default, bool):
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=meta["help"])
         else:
-            parser.add_argument(flag, type=type(f.default), default=f.default, choices=meta["choices"],
+            parser.add_argument(flag, type=meta["kind"], default=f.default, choices=meta["choices"],
                                 help=meta["help"])
 
 

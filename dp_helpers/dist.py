@@ -52,6 +52,10 @@ def torchrun_env() -> tuple[int, int, int, int]:
         raise RuntimeError(f"{', '.join(k for k in names if k not in present)} not set while {', '.join(present)} "
                            "is: start the script with torchrun (python -m torch.distributed.run) or alone, not half-way.")
     rank, local_rank, world_size = (int(os.environ[k]) for k in names)
+    if world_size > 1 and "TORCHELASTIC_RUN_ID" not in os.environ:  # torchrun sets it for every worker it starts
+        raise SystemExit(f"RANK={rank} and WORLD_SIZE={world_size} are set, but torchrun did not start this process "
+                         "(a shell left over from another run?): the other ranks would never come. Start it with "
+                         "torchrun, or unset RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT to run alone.")
     return rank, local_rank, world_size, int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
 
 

@@ -6,6 +6,7 @@ Every launcher and every script writes here: `run_ddp` creates it and tells the 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import uuid
@@ -26,6 +27,8 @@ def prepare_run_dir(out_dir, name: str) -> Path:
     if out_dir is not None and not str(out_dir).strip():
         raise UsageError("the output folder is an empty string; give a folder name, or none for a new one under runs/.")
     run_dir = Path(fresh_run_dir(name) if out_dir is None else out_dir).expanduser().resolve()
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UsageError(f"output folder {run_dir} is a file; give a folder (new or empty) for the run.")
     if metrics_dir(run_dir).exists() or (run_dir / "summary.json").exists():
         raise UsageError(f"output folder {run_dir} already holds a run; choose a new folder or delete it.")
     if run_dir.is_dir() and any(run_dir.iterdir()):
@@ -50,7 +53,8 @@ def write_atomic(path, write: Callable[[Path], None]) -> Path:
             os.fsync(done.fileno())  # on disk before the rename, so even a power cut leaves old or new
         os.replace(tmp, path)  # atomic on one file system: the old file or the new one, never a mix
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # the clean-up must not hide the error that stopped the write
+            tmp.unlink(missing_ok=True)
     return path
 
 

@@ -123,7 +123,8 @@ def launch(path: Path, world_size: int, folder: Path) -> Outcome | str:
 ERROR_HINTS = {"'NoneType' object has no attribute 'wait'": "dist.all_reduce returns a work handle only with "
                                                            "async_op=True (without it, it blocks and returns None)",
                "Boolean value of Tensor with more than one value is ambiguous": "`param in a_list` compares tensors "
-                                                                                "by value; use a set, or compare ids"}
+                                                                                "by value; use a set, or compare ids",
+               "NotImplementedError": "a method of the skeleton still raises NotImplementedError: write its body"}
 # what a rank reports when a peer went away or never came: a consequence, never the cause
 CONSEQUENCES = ("reset by peer", "closed by peer", "timed out", "timeout", "broken pipe", "connection refused")
 
@@ -141,7 +142,7 @@ def failure_sentence(exc: DistributedRunError, probes: dict, world_size: int, ru
                 f"out, they default to the process group's ({logs}).")
     if own_error(exc, cause, probes):
         hint = next((f": {words}" for text, words in ERROR_HINTS.items() if text in cause), "")
-        return (f"on {world_size} ranks, rank {exc.ranks[0]} raised {cause}{your_line(str(exc), exc.ranks[0])}{hint} "
+        return (f"on {world_size} ranks, rank {exc.ranks[0]} raised {cause}{your_line(full_log(exc, run_dir), exc.ranks[0])}{hint} "
                 f"({logs}).")
     mismatch = collective_mismatch(probes)
     if mismatch:
@@ -159,6 +160,12 @@ def failure_sentence(exc: DistributedRunError, probes: dict, world_size: int, ru
         return (f"rank {waiting} waited {group_timeout_s():g} s in a collective that rank(s) {others} never reached: a "
                 f"hang; is a rank stuck in a loop, or busy with work the others skip? ({logs})")
     return f"on {world_size} ranks your script failed: {cause} ({logs})."
+
+
+def full_log(exc: DistributedRunError, run_dir: Path) -> str:
+    """Every line the run printed (console.log), else what the error kept."""
+    path = Path(exc.run_dir or run_dir) / "console.log"
+    return path.read_text(encoding="utf-8") if path.is_file() else f"{exc}\n{exc.log_tail}"
 
 
 def own_error(exc: DistributedRunError, cause: str, probes: dict) -> bool:

@@ -134,6 +134,27 @@ def read_checkpoint(path: str) -> dict:
         raise UsageError(f"{path} is not a checkpoint written by --checkpoint ({type(exc).__name__}).") from exc
 
 
+# what a resumed run must keep, or it would train another job than the checkpoint's (the sizes are checked apart)
+RESUMED_SETTINGS = ("lr", "momentum", "data", "samples", "dim", "sync", "strategy", "use_no_sync", "bn_sync")
+
+
+def changed_settings(state: dict, cfg) -> dict:
+    """The checkpoint's value of each training setting this run changes (older checkpoints: the optimizer's lr, momentum)."""
+    theirs = dict(state.get("config") or {})
+    groups = state.get("optimizer", {}).get("param_groups") if isinstance(state.get("optimizer"), dict) else None
+    for key in ("lr", "momentum"):
+        if key not in theirs and groups and key in groups[0]:
+            theirs[key] = groups[0][key]
+    return {k: theirs[k] for k in RESUMED_SETTINGS if k in theirs and theirs[k] != getattr(cfg, k)}
+
+
+def as_flags(settings: dict) -> str:
+    """Settings as the command line writes them: --lr 0.01 --no-use-no-sync."""
+    flag = lambda k: "--" + k.replace("_", "-")  # noqa: E731
+    return " ".join((flag(k) if v else f"--no-{flag(k)[2:]}") if isinstance(v, bool) else f"{flag(k)} {v}"
+                    for k, v in settings.items())
+
+
 def check_resume(cfg, world_size: int) -> int:
     """Refuse, in one sentence, a checkpoint this run cannot continue; returns the epoch it resumes from."""
     from .models import build_model
@@ -147,6 +168,10 @@ def check_resume(cfg, world_size: int) -> int:
     if int(state["epoch"]) >= cfg.epochs:
         raise UsageError(f"{cfg.resume} finished epoch {state['epoch']} of --epochs {cfg.epochs}: nothing is left to "
                          "train; raise --epochs to continue.")
+    changed = changed_settings(state, cfg)
+    if changed:
+        raise UsageError(f"{cfg.resume} was trained with {as_flags(changed)}, and resuming continues that training: "
+                         f"resume with the same (now: {as_flags({k: getattr(cfg, k) for k in changed})}).")
     written = {k: state[k] for k in ("world_size", "batch_size") if k in state}
     for key in ("grad_accum_steps", "seed"):  # the global batch, and the sampler's permutation
         if key in state and state[key] != getattr(cfg, key):

@@ -5,10 +5,12 @@ starting one); the slow tests end real runs by a timeout, SIGINT and SIGTERM.
 """
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -67,6 +69,11 @@ def test_resume_is_checked_before_anything_starts(capsys, tmp_path):
     assert "another model's weights" in err and "--model and --dim it was trained with" in err
     done = checkpoint(tmp_path / "done.pt", epoch=10)
     assert "finished epoch 10 of --epochs 10" in refused(capsys, "--resume", done, "--out", out)
+    fast = checkpoint(tmp_path / "fast.pt", optimizer={"param_groups": [{"lr": 0.01, "momentum": 0.9}]})
+    err = refused(capsys, "--resume", fast, "--lr", "0.5", "--out", out)
+    assert "was trained with --lr 0.01 --momentum 0.9, and resuming continues" in err and "(now: --lr 0.5 --momentum 0.0)" in err
+    digits = checkpoint(tmp_path / "digits.pt", config={"data": "synthetic", "samples": 100, "use_no_sync": False})
+    assert "--no-use-no-sync" in refused(capsys, "--resume", digits, "--out", out)
     four = checkpoint(tmp_path / "four.pt", world_size=4, batch_size=10)
     assert "written by world size 4 x batch 10" in refused(capsys, "--resume", four, "--world-size", "2", "--out", out)
     assert not (tmp_path / "r").exists()
@@ -139,3 +146,66 @@ def test_a_diverging_loss_gets_a_warning(tmp_path):
     assert divergence(tmp_path, 0.5) is None and divergence(tmp_path, 6.9) is None
     assert "diverging; lower --lr" in divergence(tmp_path, 31.0)
     assert "diverged; lower --lr" in divergence(tmp_path, float("nan"))
+
+
+def test_run_ddp_is_importable_from_the_package_and_a_missing_script_is_a_file_not_found():
+    import dp_helpers
+    from dp_helpers import run_ddp
+    from dp_helpers.launch import run_ddp as the_same
+
+    assert run_ddp is the_same
+    with pytest.raises(FileNotFoundError, match="script not found"):
+        dp_helpers.run_ddp("no_such_script.py", world_size=1)
+    with pytest.raises(AttributeError):
+        dp_helpers.no_such_thing  # noqa: B018
+
+
+def test_checkpoint_and_out_paths_are_checked_before_anything_starts(capsys, tmp_path, monkeypatch):
+    out = str(tmp_path / "r")
+    assert "is a folder; give a file name in it" in refused(capsys, "--checkpoint", str(tmp_path), "--out", out)
+    (tmp_path / "afile").write_text("")
+    assert "is a file; give a folder" in refused(capsys, "--out", str(tmp_path / "afile"))
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: False if Path(path) == tmp_path else real_access(path, mode))
+    assert "is not writable" in refused(capsys, "--checkpoint", str(tmp_path / "ck.pt"), "--out", out)
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("command", ["train", "bench"])
+def test_help_says_each_default_once(command, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    with pytest.raises(SystemExit):
+        cli_main([command, "--help"])
+    text = capsys.readouterr().out
+    assert "(default: None)" not in text and "(default: )" not in text
+    flat = " ".join(text.split())  # argparse wraps lines
+    for part in flat.split(" --")[1:]:
+        assert part.count("(default") <= 1, part
+    assert "(default: 10)" in flat if command == "train" else "(default: 1024)" in flat
+
+
+def readme_table(text: str, header: str, nth: int = 0) -> list[str]:
+    """The rows of the nth table under this header line."""
+    start = [i for i in range(len(text)) if text.startswith(header, i)][nth]
+    return text[start:].split("\n\n")[0].splitlines()[2:]
+
+
+def test_the_readmes_list_every_bench_flag_and_every_run_ddp_parameter():
+    import inspect
+
+    from dp_helpers.__main__ import flag_rows
+    from dp_helpers.launch import run_ddp
+
+    repo = Path(__file__).resolve().parent.parent
+    en, zh = ((repo / name).read_text() for name in ("README.md", "README.zh-CN.md"))
+    assert readme_table(en, "| flag | default | meaning |", 1) == ["| " + " | ".join(row) + " |" for row in flag_rows("bench")]
+    zh_rows = {tuple(c.strip() for c in row.split("|")[1:3]) for row in readme_table(zh, "| 参数 | 默认值 | 含义 |", 1)}
+    assert {(flag, {"see meaning": "见含义"}.get(default, default)) for flag, default, _ in flag_rows("bench")} == zh_rows
+    params = inspect.signature(run_ddp).parameters.values()
+    want = {(f"`*{p.name}`" if p.kind is p.VAR_POSITIONAL else f"`{p.name}`",
+             None if p.default is p.empty else f"`{p.default!r}`".replace("'", '"')) for p in params}
+    for text, header in ((en, "| parameter | default | meaning |"), (zh, "| 参数 | 默认值 | 含义 |")):
+        rows = readme_table(text, header, 0 if text is en else 2)
+        got = {(cells[0], cells[1] if cells[1].startswith("`") else None)
+               for cells in (tuple(c.strip() for c in row.split("|")[1:3]) for row in rows)}
+        assert got == want, text[:20]

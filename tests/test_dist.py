@@ -33,6 +33,14 @@ def test_half_a_torchrun_environment_is_refused(monkeypatch):
         dph.setup()
 
 
+def test_a_stale_torchrun_environment_is_refused_at_once(monkeypatch):
+    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    with pytest.raises(SystemExit, match=r"torchrun did not start this process .* unset RANK, LOCAL_RANK"):
+        dph.setup()
+
+
 def test_one_process_group_up_and_down(monkeypatch):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("LOCAL_RANK", "0")

@@ -9,6 +9,7 @@ headings present.
 from __future__ import annotations
 
 import argparse
+import inspect
 import re
 import sys
 from pathlib import Path
@@ -60,10 +61,20 @@ def strip_volatile(nb) -> None:
             cell.outputs = [o for o in cell.outputs if WIDGET_VIEW not in o.get("data", {})]
 
 
+def fresh_exercise_files(folder: Path) -> None:
+    """Remove the files the exercises copy from their templates, so a committed run starts from the templates."""
+    from dp_helpers import script_check
+
+    for start in (script_check.start_ddp_exercise, script_check.start_my_ddp_exercise,
+                  script_check.start_my_zero1_exercise, script_check.start_my_all_gather_exercise):
+        (folder / inspect.signature(start).parameters["path"].default).unlink(missing_ok=True)
+
+
 def execute(path: Path, timeout: int = 1200) -> None:
     """Run one notebook top to bottom in its folder with this Python and write it back."""
     from nbclient import NotebookClient
 
+    fresh_exercise_files(path.parent)
     nb = nbformat.read(path, as_version=4)
     # the kernel's own start-up warnings (ipykernel >= 7 logs one about TCP transport) stay out of the cells
     NotebookClient(nb, timeout=timeout, kernel_name="python3", extra_arguments=["--IPKernelApp.log_level=ERROR"],

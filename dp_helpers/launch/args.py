@@ -8,7 +8,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..checks import UsageError, check_int, check_positive_number
+from ..checks import MissingFileError, UsageError, check_int, check_positive_number
 from ..env import choose_launch, gpu_count, nccl_available
 
 
@@ -20,7 +20,7 @@ def resolve_target(script) -> list[str]:
     path = Path(text).expanduser()
     if isinstance(script, os.PathLike) or text.endswith(".py") or os.sep in text or path.exists():
         if not path.exists():
-            raise UsageError(f"script not found: {path.resolve()}")
+            raise MissingFileError(f"script not found: {path.resolve()}")
         if not path.is_file() or path.suffix != ".py":
             raise UsageError(f"script must be a .py file, got {path.resolve()}.")
         return [str(path.resolve())]
@@ -59,3 +59,9 @@ def plan_world_size(world_size: int | None, backend: str) -> int:
         world_size = 2 if backend == "gloo" else choose_launch(gpu_count(), nccl_available())[1]
     check_int("world_size", world_size, 1)
     return world_size
+
+
+def check_echo(echo) -> None:
+    """Refuse an echo that is not True, False or "all" (every line, tracebacks too: by default only their last line)."""
+    if echo not in (True, False, "all") or isinstance(echo, (int, float)) and not isinstance(echo, bool):
+        raise UsageError(f"echo must be True, False or 'all', got {echo!r}.")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import queue
+import re
 import sys
 import threading
 import time
@@ -15,6 +16,8 @@ from .diagnose import RunTimeoutError
 from .process import ProcessTree
 
 TAIL_LINES = 200  # kept in memory for error messages; console.log keeps every line
+EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(: |$)")  # "ValueError: boom", "KeyboardInterrupt"; frames are indented
+AFTER_TRACEBACK = ("At:", "During handling of the above exception", "The above exception was the direct cause")
 
 
 def pump(stream, lines: queue.Queue) -> None:
@@ -65,8 +68,8 @@ class Progress:
 class Console:
     """Writes every line to <run>/console.log, echoes worker lines, and reports progress by following rank 0's metrics."""
 
-    def __init__(self, plan: LaunchPlan, echo: bool):
-        self.echo, self.tail = echo, deque(maxlen=TAIL_LINES)
+    def __init__(self, plan: LaunchPlan, echo: bool | str):
+        self.echo, self.tail, self.folding = echo, deque(maxlen=TAIL_LINES), {}
         self.path = plan.run_dir / "console.log"
         self.file = self.path.open("w", encoding="utf-8")
         self.metrics = MetricsTail(metrics_dir(plan.run_dir) / "rank0.jsonl")
@@ -76,12 +79,29 @@ class Console:
         """Log every line; show worker lines (torchrun's own chatter stays in the log)."""
         self.file.write(text)
         self.tail.append(text)
-        if self.echo and text.startswith("[rank "):
+        if self.echo and text.startswith("[rank ") and (self.echo == "all" or self.shown(text)):
             text = text.rstrip("\n")
             if self.bar is not None:
                 self.bar.write(text)
             else:
                 print(text, flush=True)
+
+    def shown(self, text: str) -> bool:
+        """Whether a worker line is echoed: of a traceback only its exception line (console.log keeps every line)."""
+        prefix, _, body = text.rstrip("\n").partition("] ")
+        state = self.folding.get(prefix)
+        if body.startswith("Traceback (most recent call last):"):
+            self.folding[prefix] = "traceback"
+            return False
+        if state == "traceback":
+            if EXCEPTION_LINE.match(body):  # the traceback's last line: what was raised
+                self.folding[prefix] = "after"
+                return True
+            return False
+        if state == "after" and (not body.strip() or body[0].isspace() or body.startswith(AFTER_TRACEBACK)):
+            return False  # gloo's "At:" frames, a chained exception's sentence
+        self.folding.pop(prefix, None)
+        return True
 
     def tick(self) -> None:
         """Advance the bar by the steps rank 0 finished since the last tick; flush the log."""

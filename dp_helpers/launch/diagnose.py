@@ -141,27 +141,44 @@ def cause_of(failure: Failure) -> str:
     return f"killed by {failure.signal}" if failure.signal else "no exception recorded (killed by a signal?)"
 
 
-def describe(first: Failure) -> str:
-    """'rank r failed with exit code c: <cause>' for the culprit."""
+def describe(first: Failure, others: list[Failure]) -> str:
+    """'rank r failed with exit code c: <cause>' for the culprit, with what a peer's failure or a timeout means."""
     cause = cause_of(first)
     message = f"rank {first.rank} failed with exit code {first.exit_code}: {cause}"
     if "Timed out" in cause:
         message += " (this rank waited for a peer that never arrived: the hung rank may be another one)"
+    elif VICTIM_RE.search(cause) and not others:
+        message += (" (its peers exited without failing: a collective that only some ranks call, inside "
+                    "`if rank == 0:`?, or a rank that left its loop early)")
     return message
 
 
+def fate(f: Failure) -> str:
+    """What became of a rank after the culprit failed, in a few words."""
+    if f.exception and VICTIM_RE.search(f.exception):
+        return f"rank {f.rank} lost its connection to a failed peer (a consequence)"
+    if "Timed out" in f.exception:
+        return f"rank {f.rank} timed out waiting for a peer (a consequence)"
+    if f.signal in STOP_SIGNALS:
+        return f"rank {f.rank} was stopped by torchrun ({f.signal})"
+    if f.exception:
+        return f"rank {f.rank} failed too: {f.exception[:120]}"
+    return f"rank {f.rank} exited with code {f.exit_code}" + (f" ({f.signal})" if f.signal else "")
+
+
 def failure(rc: int, log: str, run_dir: Path, found: list[Failure] | None = None) -> DistributedRunError:
-    """The error for a failed run: root-cause rank, exit code and exception, the others, then the log tail."""
+    """The error for a failed run in a few lines: the culprit and its cause, the others' fate, where the full output is."""
     tail, found = last_lines(log), find_failures(run_dir, log) if found is None else culprit_first(found)
+    full = f"every rank's full output and tracebacks: {run_dir / 'console.log'}"
     if not found:
-        return DistributedRunError(f"torchrun exited with code {rc} before any rank reported a failure; "
-                                   f"last output:\n{tail}", exit_code=rc, log_tail=tail, run_dir=run_dir)
-    first, message = found[0], describe(found[0])
+        return DistributedRunError(f"torchrun exited with code {rc} before any rank reported a failure; last output:\n"
+                                   f"{last_lines(log, 5)}\n{full}", exit_code=rc, log_tail=tail, run_dir=run_dir)
+    first, lines = found[0], [describe(found[0], found[1:])]
     if found[1:]:
-        message += " [then failed or stopped: " + ", ".join(f"rank {f.rank} (exit code {f.exit_code})" for f in found[1:]) + "]"
-    own = "\n".join(rank_output(log, first.rank)[-20:])
-    if own and (first.exit_code < 0 or own not in tail):  # a signal leaves no exception: the rank's output is the clue
-        message += f"\nrank {first.rank}'s last lines:\n{own}"
-    return DistributedRunError(f"{message}\nlast output:\n{tail}", ranks=tuple(f.rank for f in found),
-                               exit_code=first.exit_code, cause=cause_of(first),
-                               log_tail=tail, run_dir=run_dir)
+        lines.append("then " + "; ".join(map(fate, found[1:])))
+    said = [line.split("] ", 1)[-1] for line in rank_output(log, first.rank)]
+    said = [w for w in said if w.strip() and not w[0].isspace() and not w.startswith(("Current thread", "Thread 0x"))]
+    if said and first.exit_code < 0:  # a signal leaves no exception: the rank's last words (not stack frames) are the clue
+        lines.append(f"rank {first.rank}'s last lines: " + " | ".join(w[:160] for w in said[-2:]))
+    return DistributedRunError("\n".join([*lines, full]), ranks=tuple(f.rank for f in found),
+                               exit_code=first.exit_code, cause=cause_of(first), log_tail=tail, run_dir=run_dir)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..metrics import metrics_dir, read_metrics
+from .args import check_echo
 from .command import GRACE_S, plan_launch
 from .console import Console, drain, start_reader, stream
 from .diagnose import RunTimeoutError, failure, last_lines
@@ -41,12 +42,13 @@ class RunResult:
 
 def run_ddp(script, *script_args, world_size: int | None = None, backend: str = "auto", out_dir=None,
             timeout: float | None = 600, nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None,
-            env: Mapping[str, str] | None = None, progress: int | None = None, echo: bool = True,
+            env: Mapping[str, str] | None = None, progress: int | None = None, echo: bool | str = True,
             max_restarts: int = 0) -> RunResult:
     """Run a .py script or a module under torchrun with world_size processes; raise DistributedRunError if a rank fails."""
     # RunTimeoutError after `timeout` seconds (None: no limit); KeyboardInterrupt is re-raised; in every case the whole
     # process tree is gone first. `progress`: the steps rank 0 will log, for a progress bar. `max_restarts`: how often
     # torchrun may start the whole group again after a rank failed (the script must resume by itself).
+    check_echo(echo)
     plan = plan_launch(script, script_args, world_size, backend, out_dir, timeout, nnodes, node_rank,
                        rdzv_endpoint, env, progress, max_restarts)
     console, began = Console(plan, echo), time.monotonic()
@@ -59,6 +61,9 @@ def run_ddp(script, *script_args, world_size: int | None = None, backend: str = 
     try:
         stream(tree, plan, console, lines)
         tree.proc.wait(timeout=GRACE_S * 3)
+    except KeyboardInterrupt as exc:  # the caller may record how the run ended, in its folder
+        exc.run_dir = plan.run_dir
+        raise
     except RunTimeoutError as exc:
         stopped = tree.kill()
         tail = last_lines(console.last()) or "(nothing was printed yet)"

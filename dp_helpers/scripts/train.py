@@ -124,6 +124,7 @@ def save_checkpoint(path: str, model, optimizer, epoch: int, step: int, history:
         state = {"model": dph.unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
                  "epoch": epoch, "step": step, "history": history, "world_size": info.world_size,
                  "batch_size": cfg.batch_size, "grad_accum_steps": cfg.grad_accum_steps, "seed": cfg.seed,
+                 "config": cfg.as_dict(),  # what trained it: --resume refuses settings that would change the job
                  "run_dir": str(info.run_dir), "launch": launch_id()}  # which run wrote it: see own_snapshot
         write_atomic(path, lambda tmp: torch.save(state, tmp))
     dist.barrier()  # nobody reads the file before it is complete
@@ -272,7 +273,10 @@ def make_summary(cfg: TrainConfig, info: dph.DistInfo, step: int, history: dict,
     plan = shard_plan(train_samples(cfg), info.world_size, cfg.batch_size, cfg.grad_accum_steps)
     losses, resumes = history.get("epoch_losses", []), restarts(info.run_dir)
     scores = {key: history.get(key, []) for key in ("held_out_accuracy", "held_out_loss")} if cfg.data == "digits" else {}
-    return {"status": "finished", "config": cfg.as_dict(), "world_size": info.world_size, "backend": info.backend, "sync": cfg.sync,
+    ended = {"status": "stopped", "reason": f"--stop-after {cfg.stop_after}"} \
+        if cfg.stop_after and len(losses) < cfg.epochs else {"status": "finished"}
+    return {**ended, "checkpoint": cfg.checkpoint or None, "config": cfg.as_dict(), "world_size": info.world_size,
+            "backend": info.backend, "sync": cfg.sync,
             "device": str(info.device), "global_batch_size": plan.global_batch,
             "steps": step, "epoch_losses": losses, "final_loss": losses[-1] if losses else None, **scores,
             "final_accuracy": scores["held_out_accuracy"][-1] if scores.get("held_out_accuracy") else None,
