@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
 from dataclasses import replace
@@ -12,6 +11,7 @@ from pathlib import Path
 from .checks import UsageError
 from .config import add_train_flags, config_from_args, shard_plan, train_samples, validate
 from .env import BACKENDS
+from .runs import record_ending
 
 
 class DefaultsOnce(argparse.ArgumentDefaultsHelpFormatter):
@@ -136,20 +136,6 @@ def check_restarts(max_restarts: int, cfg) -> None:
                          "snapshot, and without one it would start over from epoch 1.")
 
 
-def stopped_summary(run_dir: Path, cfg, reason: str, status: str = "stopped", **more) -> None:
-    """After a run was stopped or failed: summary.json says so, how far it got, and the checkpoint it left."""
-    from .metrics import MetricsTail, metrics_dir
-    from .runs import write_text_atomic
-
-    if run_dir is None or (run_dir / "summary.json").exists():
-        return
-    steps = MetricsTail(metrics_dir(run_dir) / "rank0.jsonl").new_lines()  # complete lines, a restart's redone steps once
-    write_text_atomic(run_dir / "summary.json", json.dumps(
-        {"status": status, "reason": reason, **more, "config": cfg.as_dict(), "steps_logged_by_rank_0": steps,
-         "checkpoint": cfg.checkpoint if cfg.checkpoint and Path(cfg.checkpoint).is_file() else None},
-        indent=2) + "\n")
-
-
 def report(result, lines: list[str]) -> None:
     """Print the final lines and add them to console.log, which then holds everything the run printed."""
     for line in lines:
@@ -172,14 +158,14 @@ def cmd_train(args: argparse.Namespace) -> int:
                          backend=args.backend, out_dir=args.out, timeout=args.timeout,
                          progress=progress_steps(cfg, world_size), max_restarts=args.max_restarts)
     except RunTimeoutError as exc:
-        stopped_summary(exc.run_dir, cfg, f"--timeout {args.timeout:g} s")
+        record_ending(exc.run_dir, cfg, f"--timeout {args.timeout:g} s")
         raise RunTimeoutError(f"{exc}\nThe run folder keeps what finished ({exc.run_dir}); raise --timeout, or leave it "
                               "out: the CLI sets no limit by default.", run_dir=exc.run_dir) from None
     except DistributedRunError as exc:
-        stopped_summary(exc.run_dir, cfg, str(exc).splitlines()[0], "failed", failed_ranks=list(exc.ranks))
+        record_ending(exc.run_dir, cfg, str(exc).splitlines()[0], "failed", failed_ranks=list(exc.ranks))
         raise
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated)
-        stopped_summary(getattr(exc, "run_dir", None), cfg, "terminated (SIGTERM)" if isinstance(exc, Terminated)
+        record_ending(getattr(exc, "run_dir", None), cfg, "terminated (SIGTERM)" if isinstance(exc, Terminated)
                         else "interrupted (Ctrl-C)")
         raise
     from .plotting import run_title, save_loss_figure

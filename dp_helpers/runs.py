@@ -7,6 +7,7 @@ Every launcher and every script writes here: `run_ddp` creates it and tells the 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 import uuid
@@ -14,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .checks import UsageError
-from .metrics import metrics_dir
+from .metrics import MetricsTail, metrics_dir
 
 
 def fresh_run_dir(name: str) -> Path:
@@ -61,3 +62,14 @@ def write_atomic(path, write: Callable[[Path], None]) -> Path:
 def write_text_atomic(path, text: str) -> Path:
     """Write a text file whole (see write_atomic)."""
     return write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def record_ending(run_dir: Path, cfg, reason: str, status: str = "stopped", **more) -> None:
+    """After a run was stopped or failed: summary.json says so, how far it got, and the checkpoint it left."""
+    if run_dir is None or (run_dir / "summary.json").exists():
+        return
+    steps = MetricsTail(metrics_dir(run_dir) / "rank0.jsonl").new_lines()  # complete lines, a restart's redone steps once
+    write_text_atomic(run_dir / "summary.json", json.dumps(
+        {"status": status, "reason": reason, **more, "config": cfg.as_dict(), "steps_logged_by_rank_0": steps,
+         "checkpoint": cfg.checkpoint if cfg.checkpoint and Path(cfg.checkpoint).is_file() else None},
+        indent=2) + "\n")

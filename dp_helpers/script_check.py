@@ -12,6 +12,7 @@ one process; and a byte count per rank is predicted, then measured.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import re
@@ -84,6 +85,7 @@ def same_loss(printed: str, exact: str) -> bool:
     return abs(float(printed) - float(exact)) <= max(2e-6 + 1e-5 * abs(float(exact)), 0.5 * 10 ** -places)
 
 
+@functools.lru_cache(maxsize=4)
 def one_device(lr: float | None = None) -> Outcome:
     """The template itself, run in this process on the global batch (lr: another learning rate)."""
     with tempfile.TemporaryDirectory() as folder, worker_numerics(), contextlib.redirect_stdout(io.StringIO()) as out:
@@ -465,6 +467,15 @@ def check_my_zero1(path="my_zero1.py") -> Verdict:
                          "on each rank, and the weights of one process on the global batch.")
 
 
+@functools.lru_cache(maxsize=8)
+def measured_bytes(stage: int, world_size: int, width: int, depth: int) -> tuple:
+    """The bytes rank 0 holds after a ZeRO-`stage` step, measured on real ranks (once per setting: a re-check is instant)."""
+    ranks = run_json("sharded", "memory", "--experiment", "memory", "--strategies", f"ZeRO-{stage}", "--width", width,
+                     "--depth", depth, "--steps", 2, world_size=world_size, backend="gloo", timeout=LAUNCH_TIMEOUT_S,
+                     out_dir=log_folder("memory") / "run", env=ON_CPU)
+    return tuple(ranks[0][f"ZeRO-{stage}"]["held"].items())
+
+
 def too_high_or_low(prediction, measured: dict) -> str:
     """': too high' or ': too low' for the first predicted number that differs from the measured one, else ''."""
     for key, want in measured.items():
@@ -479,10 +490,7 @@ def check_memory_prediction(prediction: dict, stage: int = 2, world_size: int = 
     """Notebook 06: the bytes a rank holds under ZeRO-`stage` with fp32 Adam, predicted, then measured on real ranks."""
     if _unanswered(prediction):
         return verdict(False, "replace each ... with your prediction in bytes, then run the cell again.")
-    ranks = run_json("sharded", "memory", "--experiment", "memory", "--strategies", f"ZeRO-{stage}", "--width", width,
-                     "--depth", depth, "--steps", 2, world_size=world_size, backend="gloo", timeout=LAUNCH_TIMEOUT_S,
-                     out_dir=log_folder("memory") / "run", env=ON_CPU)
-    measured = ranks[0][f"ZeRO-{stage}"]["held"]
+    measured = dict(measured_bytes(stage, world_size, width, depth))
     problem = difference(prediction, measured, "your prediction")
     if problem:  # the measured bytes stay unsaid: they would be the answer
         return verdict(False, f"{problem}{too_high_or_low(prediction, measured)}, as measured on rank 0 of {world_size}. "

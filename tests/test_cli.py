@@ -113,6 +113,9 @@ def test_no_process_outlives_a_stopped_cli(tmp_path, monkeypatch, sig, code):
     cli.send_signal(sig)
     err = cli.communicate(timeout=60)[1]
     assert cli.returncode == code and "no process it started is left running" in err
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())  # the record says how the run ended
+    assert (summary["status"], summary["reason"]) == ("stopped", "interrupted (Ctrl-C)" if sig == signal.SIGINT
+                                                      else "terminated (SIGTERM)")
     time.sleep(5)
     assert started_by(marker) == []
 

@@ -72,6 +72,9 @@ def test_without_restarts_the_error_names_the_dead_rank_and_the_snapshot_is_whol
     state = read_checkpoint(str(snapshot))  # loadable: written whole, then renamed into place
     assert (state["epoch"], state["step"]) == (1, 5)  # the last complete epoch
     assert list(snapshot.parent.glob("*.tmp*")) == []
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())  # the record says how it ended
+    assert summary["status"] == "failed" and summary["reason"] == str(caught.value).splitlines()[0]
+    assert summary["failed_ranks"][0] == 1 and summary["checkpoint"] == str(snapshot)
 
 
 def test_a_crash_while_writing_leaves_the_last_good_file(tmp_path):

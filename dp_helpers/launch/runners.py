@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from .diagnose import DistributedRunError, RunTimeoutError
 from .run import RunResult, run_ddp
 
 
@@ -13,9 +14,21 @@ def run_train(world_size: int, echo: bool = False, out_dir=None, timeout: float 
     import torch
 
     from ..config import TrainConfig
+    from ..runs import record_ending
 
-    run = run_ddp("dp_helpers.scripts.train", *TrainConfig(**changes).as_args(), world_size=world_size, echo=echo,
-                  out_dir=out_dir, timeout=timeout, max_restarts=max_restarts)
+    cfg = TrainConfig(**changes)
+    try:
+        run = run_ddp("dp_helpers.scripts.train", *cfg.as_args(), world_size=world_size, echo=echo,
+                      out_dir=out_dir, timeout=timeout, max_restarts=max_restarts)
+    except RunTimeoutError as exc:  # summary.json says how a run that did not finish ended, as the CLI's does
+        record_ending(exc.run_dir, cfg, f"timeout {timeout:g} s")
+        raise
+    except DistributedRunError as exc:
+        record_ending(exc.run_dir, cfg, str(exc).splitlines()[0], "failed", failed_ranks=list(exc.ranks))
+        raise
+    except KeyboardInterrupt as exc:
+        record_ending(getattr(exc, "run_dir", None), cfg, "interrupted")
+        raise
     return run, torch.load(run.run_dir / "model.pt", map_location="cpu", weights_only=True)
 
 
