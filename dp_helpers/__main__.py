@@ -9,8 +9,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from .checks import UsageError
-from .config import add_train_flags, config_from_args, shard_plan, train_samples, validate
+from .config import add_train_flags, config_from_args
 from .env import BACKENDS
+from .request import check_train_request
 from .runs import record_ending
 
 
@@ -101,41 +102,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def progress_steps(cfg, world_size: int) -> int | None:
-    """Optimizer steps rank 0 will log in this run (one metrics line each), to size the progress bar."""
-    plan = shard_plan(train_samples(cfg), world_size, cfg.batch_size, cfg.grad_accum_steps)
-    last, first = (min(cfg.epochs, cfg.stop_after) if cfg.stop_after else cfg.epochs), 0
-    if cfg.resume:  # torch is imported only when resuming
-        from .training import check_resume
-
-        first = check_resume(cfg, world_size)
-    return plan.optimizer_steps * max(last - first, 0) or None
-
-
-def check_machine(args: argparse.Namespace, cfg, world_size: int) -> None:
-    """Refuse what this machine cannot run: far more CPU processes than cores, SyncBatchNorm without GPUs."""
-    from .env import cpu_cores, resolve_backend
-
-    backend = resolve_backend(args.backend, world_size)
-    if cfg.bn_sync == "syncbn" and backend != "nccl":
-        raise UsageError("bn_sync 'syncbn' needs one GPU per process on nccl (SyncBatchNorm refuses CPU tensors); "
-                         "use --bn-sync allreduce, the same statistics by hand.")
-    limit = max(8, 4 * cpu_cores())
-    if backend == "gloo" and world_size > limit and not args.oversubscribe:
-        raise UsageError(f"world size {world_size} means {world_size} CPU processes on {cpu_cores()} core(s); "
-                         f"use at most {limit}, or pass --oversubscribe if you mean it.")
-
-
-def check_restarts(max_restarts: int, cfg) -> None:
-    """Refuse --max-restarts below 0, or above 0 without --checkpoint (a restarted group would start from scratch)."""
-    from .checks import check_int
-
-    check_int("max_restarts", max_restarts, 0)
-    if max_restarts and not cfg.checkpoint:
-        raise UsageError(f"--max-restarts {max_restarts} needs --checkpoint FILE: a restarted group resumes from the last "
-                         "snapshot, and without one it would start over from epoch 1.")
-
-
 def report(result, lines: list[str]) -> None:
     """Print the final lines and add them to console.log, which then holds everything the run printed."""
     for line in lines:
@@ -150,13 +116,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args)
     world_size = plan_world_size(args.world_size, args.backend)
-    validate(cfg, world_size)
-    check_machine(args, cfg, world_size)
-    check_restarts(args.max_restarts, cfg)
+    steps = check_train_request(cfg, world_size, args.backend, args.oversubscribe, args.max_restarts)
     try:
-        result = run_ddp("dp_helpers.scripts.train", *cfg.as_args(), world_size=world_size,
-                         backend=args.backend, out_dir=args.out, timeout=args.timeout,
-                         progress=progress_steps(cfg, world_size), max_restarts=args.max_restarts)
+        result = run_ddp("dp_helpers.scripts.train", *cfg.as_args(), world_size=world_size, backend=args.backend,
+                         out_dir=args.out, timeout=args.timeout, progress=steps, max_restarts=args.max_restarts)
     except RunTimeoutError as exc:
         record_ending(exc.run_dir, cfg, f"--timeout {args.timeout:g} s")
         raise RunTimeoutError(f"{exc}\nThe run folder keeps what finished ({exc.run_dir}); raise --timeout, or leave it "

@@ -12,9 +12,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dp_helpers.__main__ import main, progress_steps
+from dp_helpers.__main__ import main
 from dp_helpers.config import TrainConfig, validate
 from dp_helpers.reference import train_reference
+from dp_helpers.request import progress_steps
 from dp_helpers.scripts import train as train_script
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,7 @@ from collections import deque
 
 from ..metrics import MetricsTail, metrics_dir
 from .command import GRACE_S, LaunchPlan
-from .diagnose import RunTimeoutError
+from .diagnose import VICTIM_RE, RunTimeoutError
 from .process import ProcessTree
 
 TAIL_LINES = 200  # kept in memory for error messages; console.log keeps every line
@@ -80,7 +80,7 @@ class Console:
         self.file.write(text)
         self.tail.append(text)
         if self.echo and text.startswith("[rank ") and (self.echo == "all" or self.shown(text)):
-            text = text.rstrip("\n")
+            text = text.rstrip("\n") if self.echo == "all" else consequence(text.rstrip("\n"))
             if self.bar is not None:
                 self.bar.write(text)
             else:
@@ -119,6 +119,15 @@ class Console:
     def last(self) -> str:
         """The most recent lines (for error messages)."""
         return "".join(self.tail)
+
+
+def consequence(text: str) -> str:
+    """A worker's line as echoed: an error caused by a peer that went away, shortened and named as a consequence."""
+    prefix, _, body = text.partition("] ")
+    found = VICTIM_RE.search(body) if EXCEPTION_LINE.match(body) else None
+    if not found:
+        return text
+    return f"{prefix}] {body.split(':', 1)[0]}: … {found.group(0)} (a consequence: a peer went away; console.log has it all)"
 
 
 def start_reader(stdout) -> tuple[threading.Thread, queue.Queue]:

@@ -1,0 +1,52 @@
+"""Every check of a `train` request, in the order it runs, before anything starts: the first problem in one sentence.
+
+The CLI calls check_train_request(); a new flag's check goes into the step it belongs to (torch-free until a
+--resume checkpoint has to be read).
+"""
+
+from __future__ import annotations
+
+from .checks import UsageError, check_int
+from .config import TrainConfig, shard_plan, train_samples, validate
+
+
+def check_train_request(cfg: TrainConfig, world_size: int, backend: str = "auto", oversubscribe: bool = False,
+                        max_restarts: int = 0) -> int | None:
+    """Refuse a request that cannot run; returns the optimizer steps rank 0 will log (the progress bar's length)."""
+    validate(cfg, world_size)  # each flag alone, then flags that contradict each other, then the files they name
+    check_machine(cfg, world_size, backend, oversubscribe)  # what this machine can run
+    check_restarts(max_restarts, cfg)  # a restarted group needs a snapshot to resume from
+    return progress_steps(cfg, world_size)  # reads a --resume checkpoint: one this run can continue
+
+
+def check_machine(cfg: TrainConfig, world_size: int, backend: str, oversubscribe: bool) -> None:
+    """Refuse what this machine cannot run: far more CPU processes than cores, SyncBatchNorm without GPUs."""
+    from .env import cpu_cores, resolve_backend
+
+    backend = resolve_backend(backend, world_size)
+    if cfg.bn_sync == "syncbn" and backend != "nccl":
+        raise UsageError("bn_sync 'syncbn' needs one GPU per process on nccl (SyncBatchNorm refuses CPU tensors); "
+                         "use --bn-sync allreduce, the same statistics by hand.")
+    limit = max(8, 4 * cpu_cores())
+    if backend == "gloo" and world_size > limit and not oversubscribe:
+        raise UsageError(f"world size {world_size} means {world_size} CPU processes on {cpu_cores()} core(s); "
+                         f"use at most {limit}, or pass --oversubscribe if you mean it.")
+
+
+def check_restarts(max_restarts: int, cfg: TrainConfig) -> None:
+    """Refuse --max-restarts below 0, or above 0 without --checkpoint (a restarted group would start from scratch)."""
+    check_int("max_restarts", max_restarts, 0)
+    if max_restarts and not cfg.checkpoint:
+        raise UsageError(f"--max-restarts {max_restarts} needs --checkpoint FILE: a restarted group resumes from the last "
+                         "snapshot, and without one it would start over from epoch 1.")
+
+
+def progress_steps(cfg: TrainConfig, world_size: int) -> int | None:
+    """Optimizer steps rank 0 will log in this run (one metrics line each), after checking a --resume checkpoint."""
+    plan = shard_plan(train_samples(cfg), world_size, cfg.batch_size, cfg.grad_accum_steps)
+    last, first = (min(cfg.epochs, cfg.stop_after) if cfg.stop_after else cfg.epochs), 0
+    if cfg.resume:  # torch is imported only when resuming
+        from .training import check_resume
+
+        first = check_resume(cfg, world_size)
+    return plan.optimizer_steps * max(last - first, 0) or None

@@ -1,0 +1,49 @@
+"""The README's transcripts are what the commands print now: each equals the committed output of the notebook cell
+that runs the same job (the committed notebooks come from one clean run, and those cells assert what their lines say),
+or the CLI's own output."""
+
+from pathlib import Path
+
+import nbformat
+
+from dp_helpers.__main__ import main as cli_main
+
+REPO = Path(__file__).resolve().parent.parent
+README = (REPO / "README.md").read_text()
+README_ZH = (REPO / "README.zh-CN.md").read_text()
+PRACTICE = nbformat.read(REPO / "notebooks" / "05_ddp_in_practice.ipynb", as_version=4)
+
+
+def cell_output(needle: str) -> list[str]:
+    """The printed lines of the one code cell whose source holds needle."""
+    cells = [c for c in PRACTICE.cells if c.cell_type == "code" and needle in c.source]
+    assert len(cells) == 1, needle
+    return "".join(o.get("text", "") for o in cells[0].outputs if o.output_type == "stream").splitlines()
+
+
+def block_after(text: str, marker: str) -> list[str]:
+    """The lines of the first code block after the marker."""
+    return text.split(marker, 1)[1].split("```\n", 1)[1].split("```", 1)[0].splitlines()
+
+
+def test_the_restart_transcript_is_the_notebooks_run():
+    rest = README.split("--checkpoint digits.pt --max-restarts 1 --fail-at 2:1\n", 1)[1].split("```", 1)[0]
+    shown = [line for line in rest.splitlines() if line.startswith("[rank ")]  # the command's own block
+    assert shown == [line for line in cell_output("max_restarts=1") if line.startswith("[rank ")] and len(shown) >= 5
+
+
+def test_the_failure_transcript_is_the_notebooks_run_in_both_readmes():
+    ran = cell_output('fail_at="2:1", **digits)')  # every line of the error but the run folder's path
+    for text in (README, README_ZH):
+        block = block_after(text, '"status": "failed"')
+        errors = [line.removeprefix("error: ") for line in block if not line.startswith("[rank ")]
+        assert errors[:-1] == ran and errors[-1].startswith("every rank's full output and tracebacks: ")
+        attempt = cell_output("max_restarts=1")  # the same job's first attempt, up to the fault
+        assert all(line in attempt for line in block if line.startswith("[rank ")) and block[0].startswith("[rank ")
+
+
+def test_the_refusal_transcript_is_what_the_cli_prints(capsys):
+    block = block_after(README, "Bad input stops before anything starts")
+    assert block[0].startswith("$ python -m dp_helpers train ")
+    assert cli_main(block[0].removeprefix("$ python -m dp_helpers ").split()) == 2
+    assert capsys.readouterr().err.splitlines() == block[1:]
