@@ -106,8 +106,14 @@ def report(result, lines: list[str]) -> None:
     """Print the final lines and add them to console.log, which then holds everything the run printed."""
     for line in lines:
         print(line)
-    with open(Path(result.run_dir) / "console.log", "a", encoding="utf-8") as log:
-        log.write("".join(f"{line}\n" for line in lines))
+    log_lines(result.run_dir, lines)
+
+
+def log_lines(run_dir, lines: list[str]) -> None:
+    """Append what the CLI says at the end to the run's console.log (when the run got a folder)."""
+    if run_dir is not None and Path(run_dir, "console.log").is_file():
+        with open(Path(run_dir) / "console.log", "a", encoding="utf-8") as log:
+            log.write("".join(f"{line}\n" for line in lines))
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -126,6 +132,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                               "out: the CLI sets no limit by default.", run_dir=exc.run_dir) from None
     except DistributedRunError as exc:
         record_ending(exc.run_dir, cfg, str(exc).splitlines()[0], "failed", failed_ranks=list(exc.ranks))
+        log_lines(exc.run_dir, [f"error: {exc}"])  # what the CLI prints, kept with the rest
         raise
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated)
         record_ending(getattr(exc, "run_dir", None), cfg, "terminated (SIGTERM)" if isinstance(exc, Terminated)

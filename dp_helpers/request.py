@@ -1,7 +1,8 @@
-"""Every check of a `train` request, in the order it runs, before anything starts: the first problem in one sentence.
+"""The checks of a `train` request, in the order they run, before anything starts: the first problem in one sentence.
 
-The CLI calls check_train_request(); a new flag's check goes into the step it belongs to (torch-free until a
---resume checkpoint has to be read).
+The CLI and run_train() call check_train_request(); a new flag's check goes into the step it belongs to (torch-free
+until a --resume checkpoint has to be read). What every launch checks (the script, --out, --timeout, the world size
+and the backend) stays with the launcher, in launch/command.py's plan_launch.
 """
 
 from __future__ import annotations
@@ -49,4 +50,7 @@ def progress_steps(cfg: TrainConfig, world_size: int) -> int | None:
         from .training import check_resume
 
         first = check_resume(cfg, world_size)
+        if cfg.stop_after and cfg.stop_after <= first:
+            raise UsageError(f"--stop-after {cfg.stop_after} stops at or before epoch {first}, where {cfg.resume} "
+                             "resumes: nothing would train; raise --stop-after or leave it out.")
     return plan.optimizer_steps * max(last - first, 0) or None

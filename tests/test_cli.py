@@ -67,6 +67,8 @@ def test_resume_is_checked_before_anything_starts(capsys, tmp_path):
     other = checkpoint(tmp_path / "mlp.pt", model="mlp")
     err = refused(capsys, "--resume", other, "--out", out)
     assert "another model's weights" in err and "--model and --dim it was trained with" in err
+    three = checkpoint(tmp_path / "three.pt", epoch=3)
+    assert "nothing would train" in refused(capsys, "--resume", three, "--stop-after", "2", "--out", out)
     done = checkpoint(tmp_path / "done.pt", epoch=10)
     assert "finished epoch 10 of --epochs 10" in refused(capsys, "--resume", done, "--out", out)
     fast = checkpoint(tmp_path / "fast.pt", optimizer={"param_groups": [{"lr": 0.01, "momentum": 0.9}]})

@@ -105,3 +105,19 @@ def test_reference_computes_with_the_workers_threads(monkeypatch):
         assert set(seen) == {1} and torch.get_num_threads() == 2  # as a launched rank, then the kernel's again
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_worker_refuses_a_checkpoint_trained_with_other_settings(tmp_path):
+    from types import SimpleNamespace
+
+    from dp_helpers.models import build_model
+    from dp_helpers.scripts.train import load_checkpoint
+
+    model = build_model("linear", 10, 0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": 1, "step": 5,
+                "world_size": 1, "batch_size": 10, "grad_accum_steps": 1}, tmp_path / "ck.pt")
+    info = SimpleNamespace(device=torch.device("cpu"), world_size=1)
+    with pytest.raises(ValueError, match=r"trained with --lr 0.01 --momentum 0.9; resume with the same \(now: --lr 0.5"):
+        load_checkpoint(str(tmp_path / "ck.pt"), model, optimizer, TrainConfig(lr=0.5), info)
+    assert load_checkpoint(str(tmp_path / "ck.pt"), model, optimizer, TrainConfig(momentum=0.9), info)[0] == 1

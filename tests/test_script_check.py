@@ -38,8 +38,6 @@ MISTAKES = {
                             "2x too small: DDP already averages"),
     "a collective inside if rank == 0": (mistake((REDUCE, "        if rank == 0:\n            dist.all_reduce(total)\n")),
                                          "rank 0 waited in all_reduce (its collective number 1) for rank(s) [1]"),
-    "an exception on one rank": (mistake((REDUCE, "        if rank == 1 and epoch == 2:\n            raise RuntimeError('boom')\n"
-                                                  + REDUCE)), "rank 1 raised RuntimeError: boom, in my_ddp.py, line"),
     "a hang": (mistake((JOINED, JOINED + "    while rank == 1:  # stuck for ever\n        pass\n")),
                "rank 0 waited 4 s in a collective that rank(s) [1] never reached"),
 }

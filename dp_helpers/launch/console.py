@@ -94,10 +94,11 @@ class Console:
             self.folding[prefix] = "traceback"
             return False
         if state == "traceback":
-            if EXCEPTION_LINE.match(body):  # the traceback's last line: what was raised
-                self.folding[prefix] = "after"
-                return True
-            return False
+            if not body.strip() or body[0].isspace():  # a frame, its code line, or a blank line
+                return False
+            # the traceback's last line (what was raised), or a line of the rank's own that ends a cut-off traceback
+            self.folding[prefix] = "after" if EXCEPTION_LINE.match(body) else None
+            return True
         if state == "after" and (not body.strip() or body[0].isspace() or body.startswith(AFTER_TRACEBACK)):
             return False  # gloo's "At:" frames, a chained exception's sentence
         self.folding.pop(prefix, None)

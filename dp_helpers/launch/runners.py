@@ -14,9 +14,11 @@ def run_train(world_size: int, echo: bool = False, out_dir=None, timeout: float 
     import torch
 
     from ..config import TrainConfig
+    from ..request import check_train_request
     from ..runs import record_ending
 
     cfg = TrainConfig(**changes)
+    check_train_request(cfg, world_size, max_restarts=max_restarts)  # refused in one sentence before anything starts
     try:
         run = run_ddp("dp_helpers.scripts.train", *cfg.as_args(), world_size=world_size, echo=echo,
                       out_dir=out_dir, timeout=timeout, max_restarts=max_restarts)

@@ -41,7 +41,13 @@ from dp_helpers.mini_ddp import broadcast_state
 from dp_helpers.models import build_model
 from dp_helpers.runs import write_atomic, write_text_atomic
 from dp_helpers.tasks import held_out_scores, held_out_set, loss_function, train_set
-from dp_helpers.training import accumulate_step, make_optimizer, seed_everything
+from dp_helpers.training import (
+    accumulate_step,
+    as_flags,
+    changed_settings,
+    make_optimizer,
+    seed_everything,
+)
 
 
 def counting_hook(state: dict, bucket):
@@ -137,6 +143,10 @@ def load_checkpoint(path: str, model, optimizer, cfg: TrainConfig, info: dph.Dis
     if any(state.get(k, v) != v for k, v in mine.items()):  # the sampler's shards and the batches depend on these
         raise ValueError(f"{path} was written with {', '.join(f'{k}={state.get(k)}' for k in mine)}; this run has "
                          f"{', '.join(f'{k}={v}' for k, v in mine.items())}.")
+    changed = changed_settings(state, cfg)  # the optimizer's state would bring the old lr and momentum back
+    if changed:
+        raise ValueError(f"{path} was trained with {as_flags(changed)}; resume with the same (now: "
+                         f"{as_flags({k: getattr(cfg, k) for k in changed})}).")
     dph.unwrap(model).load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     return state["epoch"], state["step"], state.get("history", {})
