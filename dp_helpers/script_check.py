@@ -384,6 +384,22 @@ def records(exercise: str, path: Path, world_size: int, *args) -> list[dict] | s
         return failure_sentence(exc, {}, world_size, run_dir, SKELETON_TIMEOUT_S)
 
 
+def skeleton_problem(exercise: str, path: Path, template: Path, untouched: str, world_sizes: tuple[int, ...], judge,
+                     failed=lambda sentence, world_size: sentence) -> str | None:
+    """The learner's file refused before a launch, or run on each world size in turn and judged: the first problem, or None."""
+    early = file_problem(path, template, untouched)
+    if early:
+        return early
+    for world_size in world_sizes:
+        ranks = records(exercise, path, world_size)
+        if isinstance(ranks, str):  # the run failed: the sentence says so
+            return failed(ranks, world_size)
+        problem = judge(ranks)
+        if problem:
+            return f"on {world_size} ranks, {problem}"
+    return None
+
+
 def check_my_ddp(path="my_ddp_core.py") -> Verdict:
     """Notebook 04: the learner's MyDDP on 2 gloo ranks against torch's DDP: buckets, their order, the gradients."""
     path = Path(path)
@@ -452,17 +468,9 @@ def zero1_problem(ranks: list[dict]) -> str | None:
 
 def check_my_zero1(path="my_zero1.py") -> Verdict:
     """Notebook 06: the learner's ZeRO-1 step on 2 and 3 gloo ranks against one process with the global batch."""
-    path = Path(path)
-    early = file_problem(path, ZERO1_TEMPLATE, "the MyZero1 skeleton")
-    if early:
-        return verdict(False, early)
-    for world_size in (2, 3):
-        ranks = records("my_zero1", path, world_size)
-        if isinstance(ranks, str):  # the run failed: the sentence says so
-            return verdict(False, ranks)
-        problem = zero1_problem(ranks)
-        if problem:
-            return verdict(False, f"on {world_size} ranks, {problem}")
+    problem = skeleton_problem("my_zero1", Path(path), ZERO1_TEMPLATE, "the MyZero1 skeleton", (2, 3), zero1_problem)
+    if problem:
+        return verdict(False, problem)
     return verdict(True, "on 2 and 3 ranks: one reduce-scatter and one all-gather a step, 1/world_size of the momentum "
                          "on each rank, and the weights of one process on the global batch.")
 
@@ -564,16 +572,9 @@ def message_problem(failure: str, world_size: int) -> str:
 
 def check_my_all_gather(path="my_all_gather.py") -> Verdict:
     """Notebook 03: the learner's ring all-gather on 3 and 4 gloo ranks against dist.all_gather, over five inputs."""
-    path = Path(path)
-    early = file_problem(path, ALL_GATHER_TEMPLATE, "the ring_all_gather skeleton")
-    if early:
-        return verdict(False, early)
-    for world_size in (3, 4):
-        ranks = records("my_all_gather", path, world_size)
-        if isinstance(ranks, str):
-            return verdict(False, message_problem(ranks, world_size))
-        problem = all_gather_problem(ranks)
-        if problem:
-            return verdict(False, f"on {world_size} ranks, {problem}")
+    problem = skeleton_problem("my_all_gather", Path(path), ALL_GATHER_TEMPLATE, "the ring_all_gather skeleton", (3, 4),
+                               all_gather_problem, message_problem)
+    if problem:
+        return verdict(False, problem)
     return verdict(True, "on 3 and 4 ranks, five shapes and dtypes: dist.all_gather's result, from messages to the "
                          "right neighbour only, (W - 1) pieces sent by each rank.")
