@@ -66,6 +66,17 @@ def started_by(marker: str) -> list[psutil.Process]:
     return found
 
 
+def survivors(marker: str, within: float = 5.0) -> list[psutil.Process]:
+    """The marked processes still alive `within` seconds from now (returns as soon as none is, after a re-check)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if not started_by(marker):
+            time.sleep(0.5)  # none now: and none appears after it either (no late respawn)
+            return started_by(marker)
+        time.sleep(0.2)
+    return started_by(marker)
+
+
 @pytest.fixture(autouse=True)
 def no_leftover_processes(monkeypatch):
     """Fail a test that leaves any process running: every process it starts inherits a marker, orphans included."""
