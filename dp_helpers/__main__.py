@@ -12,7 +12,6 @@ from .checks import UsageError
 from .config import add_train_flags, config_from_args
 from .env import BACKENDS
 from .request import check_train_request
-from .runs import record_ending
 
 
 class DefaultsOnce(argparse.ArgumentDefaultsHelpFormatter):
@@ -119,24 +118,20 @@ def log_lines(run_dir, lines: list[str]) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     """Validate, launch the DDP job with a progress bar, draw loss.png, print where everything is."""
     from .launch import DistributedRunError, RunTimeoutError, plan_world_size, run_ddp
+    from .launch.runners import ending_recorded
 
     cfg = config_from_args(args)
     world_size = plan_world_size(args.world_size, args.backend)
     steps = check_train_request(cfg, world_size, args.backend, args.oversubscribe, args.max_restarts)
     try:
-        result = run_ddp("dp_helpers.scripts.train", *cfg.as_args(), world_size=world_size, backend=args.backend,
-                         out_dir=args.out, timeout=args.timeout, progress=steps, max_restarts=args.max_restarts)
+        with ending_recorded(cfg, f"--timeout {args.timeout:g} s" if args.timeout else "", interrupted):
+            result = run_ddp("dp_helpers.scripts.train", *cfg.as_args(), world_size=world_size, backend=args.backend,
+                             out_dir=args.out, timeout=args.timeout, progress=steps, max_restarts=args.max_restarts)
     except RunTimeoutError as exc:
-        record_ending(exc.run_dir, cfg, f"--timeout {args.timeout:g} s")
         raise RunTimeoutError(f"{exc}\nThe run folder keeps what finished ({exc.run_dir}); raise --timeout, or leave it "
                               "out: the CLI sets no limit by default.", run_dir=exc.run_dir) from None
     except DistributedRunError as exc:
-        record_ending(exc.run_dir, cfg, str(exc).splitlines()[0], "failed", failed_ranks=list(exc.ranks))
         log_lines(exc.run_dir, [f"error: {exc}"])  # what the CLI prints, kept with the rest
-        raise
-    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated)
-        record_ending(getattr(exc, "run_dir", None), cfg, "terminated (SIGTERM)" if isinstance(exc, Terminated)
-                        else "interrupted (Ctrl-C)")
         raise
     from .plotting import run_title, save_loss_figure
 
@@ -146,6 +141,11 @@ def cmd_train(args: argparse.Namespace) -> int:
                     f"{result.world_size} x {result.backend} in {result.wall_time:.1f}s",
                     f"equivalence: {summary['equivalence']}", f"run folder: {result.run_dir}"])
     return 0
+
+
+def interrupted(exc: KeyboardInterrupt) -> str:
+    """How the CLI's run was stopped: Ctrl-C, or SIGTERM (turned into Terminated)."""
+    return "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted (Ctrl-C)"
 
 
 class Terminated(KeyboardInterrupt):

@@ -77,17 +77,22 @@ class TrainConfig:
         """The fields that differ from the defaults, as worker command-line flags (a True bool is a bare flag)."""
         args, defaults = [], DATA_DEFAULTS.get(self.data, {})
         for f in fields(self):
-            flag, value = f"--{f.name.replace('_', '-')}", getattr(self, f.name)
-            default = defaults.get(f.name, f.default)
-            if value != default and isinstance(value, bool):
-                args.append(flag if value else f"--no-{flag[2:]}")
-            elif value != default:
-                args += [flag, str(value)]
+            value = getattr(self, f.name)
+            if value != defaults.get(f.name, f.default):
+                args += flag_words(f.name, value)
         return args
 
     def as_dict(self) -> dict:
         """The config as a plain dict (for summary.json)."""
         return asdict(self)
+
+
+def flag_words(name: str, value) -> list[str]:
+    """A setting as command-line words: ['--lr', '0.01'], ['--check-grads'], ['--no-use-no-sync']."""
+    flag = f"--{name.replace('_', '-')}"
+    if isinstance(value, bool):
+        return [flag if value else f"--no-{flag[2:]}"]
+    return [flag, str(value)]
 
 
 def validate(cfg: TrainConfig, world_size: int = 1) -> None:

@@ -28,6 +28,7 @@ import torch
 from .env import worker_numerics
 from .exercises import Verdict, _unanswered, difference, verdict
 from .launch import DistributedRunError, RunTimeoutError, run_ddp, run_json
+from .launch.diagnose import VICTIM_RE
 from .scripts.probe import COLLECTIVES, group_timeout_s
 
 TEMPLATE = Path(__file__).resolve().parent / "scripts" / "one_device_loop.py"
@@ -127,8 +128,6 @@ ERROR_HINTS = {"'NoneType' object has no attribute 'wait'": "dist.all_reduce ret
                "Boolean value of Tensor with more than one value is ambiguous": "`param in a_list` compares tensors "
                                                                                 "by value; use a set, or compare ids",
                "NotImplementedError": "a method of the skeleton still raises NotImplementedError: write its body"}
-# what a rank reports when a peer went away or never came: a consequence, never the cause
-CONSEQUENCES = ("reset by peer", "closed by peer", "timed out", "timeout", "broken pipe", "connection refused")
 
 
 def failure_sentence(exc: DistributedRunError, probes: dict, world_size: int, run_dir: Path,
@@ -172,7 +171,9 @@ def full_log(exc: DistributedRunError, run_dir: Path) -> str:
 
 def own_error(exc: DistributedRunError, cause: str, probes: dict) -> bool:
     """Whether the first failing rank raised an exception of its own, not one from waiting for a peer that left."""
-    if not exc.ranks or isinstance(exc, RunTimeoutError) or any(c in cause.lower() for c in CONSEQUENCES):
+    # what a rank reports when a peer went away or never came (the launcher's list) or timed out: never the cause
+    if not exc.ranks or isinstance(exc, RunTimeoutError) or VICTIM_RE.search(cause) or \
+            any(words in cause.lower() for words in ("timed out", "timeout")):
         return False
     calls = [e for e in probes.get(exc.ranks[0], []) if e["event"] in COLLECTIVES]
     return not (calls and calls[-1].get("phase") == "start")  # it failed inside a collective: its peers are the story

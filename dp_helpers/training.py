@@ -150,9 +150,9 @@ def changed_settings(state: dict, cfg) -> dict:
 
 def as_flags(settings: dict) -> str:
     """Settings as the command line writes them: --lr 0.01 --no-use-no-sync."""
-    flag = lambda k: "--" + k.replace("_", "-")  # noqa: E731
-    return " ".join((flag(k) if v else f"--no-{flag(k)[2:]}") if isinstance(v, bool) else f"{flag(k)} {v}"
-                    for k, v in settings.items())
+    from .config import flag_words
+
+    return " ".join(word for name, value in settings.items() for word in flag_words(name, value))
 
 
 def check_resume(cfg, world_size: int) -> int:

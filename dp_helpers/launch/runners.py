@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 from .diagnose import DistributedRunError, RunTimeoutError
@@ -15,23 +16,31 @@ def run_train(world_size: int, echo: bool = False, out_dir=None, timeout: float 
 
     from ..config import TrainConfig
     from ..request import check_train_request
-    from ..runs import record_ending
 
     cfg = TrainConfig(**changes)
     check_train_request(cfg, world_size, max_restarts=max_restarts)  # refused in one sentence before anything starts
-    try:
+    with ending_recorded(cfg, f"timeout {timeout:g} s" if timeout else ""):
         run = run_ddp("dp_helpers.scripts.train", *cfg.as_args(), world_size=world_size, echo=echo,
                       out_dir=out_dir, timeout=timeout, max_restarts=max_restarts)
-    except RunTimeoutError as exc:  # summary.json says how a run that did not finish ended, as the CLI's does
-        record_ending(exc.run_dir, cfg, f"timeout {timeout:g} s")
+    return run, torch.load(run.run_dir / "model.pt", map_location="cpu", weights_only=True)
+
+
+@contextlib.contextmanager
+def ending_recorded(cfg, timeout_reason: str, interrupted=lambda exc: "interrupted"):
+    """Around a train launch: summary.json says how a run that did not finish ended (timed out, failed, interrupted)."""
+    from ..runs import record_ending
+
+    try:
+        yield
+    except RunTimeoutError as exc:
+        record_ending(exc.run_dir, cfg, timeout_reason)
         raise
     except DistributedRunError as exc:
         record_ending(exc.run_dir, cfg, str(exc).splitlines()[0], "failed", failed_ranks=list(exc.ranks))
         raise
-    except KeyboardInterrupt as exc:
-        record_ending(getattr(exc, "run_dir", None), cfg, "interrupted")
+    except KeyboardInterrupt as exc:  # the launcher put the run folder on it
+        record_ending(getattr(exc, "run_dir", None), cfg, interrupted(exc))
         raise
-    return run, torch.load(run.run_dir / "model.pt", map_location="cpu", weights_only=True)
 
 
 def run_json(script: str, name: str, *args, world_size: int = 2, echo: bool = False, **kwargs) -> list:
