@@ -64,12 +64,30 @@ def write_text_atomic(path, text: str) -> Path:
     return write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
-def record_ending(run_dir: Path, cfg, reason: str, status: str = "stopped", **more) -> None:
-    """After a run was stopped or failed: summary.json says so, how far it got, and the checkpoint it left."""
+def file_stamp(path) -> tuple | None:
+    """What tells one write of a file from another (inode, size, modification time); None when there is no file."""
+    if not path or not Path(path).is_file():
+        return None
+    stat = Path(path).stat()
+    return stat.st_ino, stat.st_size, stat.st_mtime_ns
+
+
+def left_checkpoint(cfg, before: tuple | None) -> str | None:
+    """The --checkpoint file if this run wrote it (or resumed from it), not one an earlier run left there."""
+    stamp = file_stamp(cfg.checkpoint)
+    resumed = bool(cfg.resume) and stamp is not None and Path(cfg.resume).resolve() == Path(cfg.checkpoint).resolve()
+    return cfg.checkpoint if stamp is not None and (stamp != before or resumed) else None
+
+
+def record_ending(run_dir: Path, cfg, reason: str, status: str = "stopped", before: tuple | None = None,
+                  **more) -> None:
+    """After a run was stopped or failed: summary.json says so, how far it got, and the checkpoint it left.
+
+    before is the checkpoint's file_stamp when the run started: a file no write of this run touched is not named.
+    """
     if run_dir is None or (run_dir / "summary.json").exists():
         return
     steps = MetricsTail(metrics_dir(run_dir) / "rank0.jsonl").new_lines()  # complete lines, a restart's redone steps once
     write_text_atomic(run_dir / "summary.json", json.dumps(
         {"status": status, "reason": reason, **more, "config": cfg.as_dict(), "steps_logged_by_rank_0": steps,
-         "checkpoint": cfg.checkpoint if cfg.checkpoint and Path(cfg.checkpoint).is_file() else None},
-        indent=2) + "\n")
+         "checkpoint": left_checkpoint(cfg, before)}, indent=2) + "\n")

@@ -28,18 +28,19 @@ def run_train(world_size: int, echo: bool = False, out_dir=None, timeout: float 
 @contextlib.contextmanager
 def ending_recorded(cfg, timeout_reason: str, interrupted=lambda exc: "interrupted"):
     """Around a train launch: summary.json says how a run that did not finish ended (timed out, failed, interrupted)."""
-    from ..runs import record_ending
+    from ..runs import file_stamp, record_ending
 
+    before = file_stamp(cfg.checkpoint)  # a snapshot an earlier run left there is not this run's
     try:
         yield
     except RunTimeoutError as exc:
-        record_ending(exc.run_dir, cfg, timeout_reason)
+        record_ending(exc.run_dir, cfg, timeout_reason, before=before)
         raise
     except DistributedRunError as exc:
-        record_ending(exc.run_dir, cfg, str(exc).splitlines()[0], "failed", failed_ranks=list(exc.ranks))
+        record_ending(exc.run_dir, cfg, str(exc).splitlines()[0], "failed", before, failed_ranks=list(exc.ranks))
         raise
     except KeyboardInterrupt as exc:  # the launcher put the run folder on it
-        record_ending(getattr(exc, "run_dir", None), cfg, interrupted(exc))
+        record_ending(getattr(exc, "run_dir", None), cfg, interrupted(exc), before=before)
         raise
 
 
