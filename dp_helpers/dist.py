@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import socket
 import sys
 import threading
 import time
@@ -84,6 +85,20 @@ def exit_when_orphaned(poll_s: float = 0.5) -> threading.Thread:
     return thread
 
 
+def check_agent_store() -> None:
+    """Under torchrun the agent serves the rendezvous store before any worker starts: refuse at once if none answers."""
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or not addr or not (port or "").isdigit():
+        return  # another launcher: rank 0 itself may host the store, so nothing answers yet
+    try:
+        socket.create_connection((addr, int(port)), timeout=5).close()
+    except OSError as exc:
+        raise SystemExit(f"torchrun's rendezvous store at {addr}:{port} does not answer ({exc.strerror or exc}): "
+                         "these RANK/WORLD_SIZE/MASTER_* variables are left over from a torchrun that has ended. "
+                         "Start the script with torchrun, or unset RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, "
+                         "MASTER_PORT and TORCHELASTIC_* to run alone.") from None
+
+
 def init_group(backend: str, rank: int, world_size: int, timeout_s: float) -> None:
     """Join torchrun's group (address in the environment), or form a group of one without torchrun."""
     timeout = timedelta(seconds=timeout_s)
@@ -104,6 +119,7 @@ def setup(backend: str | None = None, timeout_s: float | None = None, run_dir=No
         torch.cuda.set_device(device)
     if "RANK" in os.environ:
         exit_when_orphaned()
+        check_agent_store()
     init_group(backend, rank, world_size, timeout_s)
     run_dir = Path(run_dir or default_run_dir())
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,7 @@
 """dp_helpers.dist: alone a script is a group of one, a one-process group comes up and goes down, orphans exit, worker() exits cleanly."""
 
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -94,3 +95,18 @@ def test_worker_runs_main_alone_and_passes_failures_on(body, code, words, tmp_pa
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
                           env={k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")})
     assert proc.returncode == code and words in proc.stdout + proc.stderr and "never" not in proc.stdout
+
+
+def test_an_environment_left_by_an_ended_torchrun_is_refused_at_once(monkeypatch):
+    with socket.socket() as s:  # a port nothing listens on once this block closes it
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    stale = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+             "TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_USE_AGENT_STORE": "True"}  # as copied from a torchrun worker
+    for key, value in stale.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(dph, "exit_when_orphaned", lambda: None)  # no watchdog thread left in the test process
+    start = time.monotonic()
+    with pytest.raises(SystemExit, match=rf"rendezvous store at 127.0.0.1:{port} does not answer .* left over"):
+        dph.setup(backend="gloo", timeout_s=30)
+    assert time.monotonic() - start < 10 and not dist.is_initialized()
