@@ -5,8 +5,10 @@ The CLI runs through torchrun; the equivalence runs call the same train() in a r
 
 import json
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -94,6 +96,19 @@ def test_sharded_strategies_keep_the_invariant_and_record_bytes(tmp_path, pools,
     assert len(held) == 2 and all(h["optimizer state"] < whole["optimizer state"] for h in held)  # the state is split
     sharded = [h["parameters"] < whole["parameters"] for h in held]
     assert sharded == ([True, True] if strategy == "fsdp" else [False, False])  # fsdp shards the parameters too
+    assert held == readme_held_bytes(strategy)  # the README's numbers are this run's
+
+
+def readme_held_bytes(strategy: str) -> list[dict]:
+    """The bytes per rank the README shows for this run: fsdp's as JSON, zero1's in a sentence."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    if strategy == "fsdp":
+        shown = readme.split('summary.json "held_bytes": ', 1)[1].split("\n```", 1)[0]
+        return json.loads(" ".join(shown.split()))
+    numbers = re.search(r"same run holds ([\d,]+) bytes of parameters on each rank and ([\d,]+) / ([\d,]+) bytes\s+of "
+                        r"state", readme).groups()
+    params, *state = (int(n.replace(",", "")) for n in numbers)
+    return [{"parameters": params, "gradients": params, "optimizer state": s} for s in state]
 
 
 def test_digits_keep_the_invariant_and_reach_90_percent_with_the_defaults(tmp_path, pools):
@@ -215,3 +230,24 @@ def test_the_script_runs_alone_as_one_process(tmp_path):
     assert "epoch 2/2" in proc.stdout and f"run folder: {tmp_path / 'run'}" in proc.stdout
     reference = train_reference(TrainConfig(epochs=2, batch_size=20))
     torch.testing.assert_close(final_weights(tmp_path / "run"), reference.state_dict)
+
+
+@pytest.mark.parametrize("error, status, reason", [
+    (KeyboardInterrupt(), "stopped", "interrupted (Ctrl-C)"),
+    (OSError(28, "No space left on device"), "failed", "OSError: [Errno 28] No space left on device")])
+def test_the_script_run_alone_records_how_it_ended(tmp_path, monkeypatch, error, status, reason):
+    for key in ("RANK", "DP_RUN_DIR"):
+        monkeypatch.delenv(key, raising=False)
+    info = SimpleNamespace(world_size=1, run_dir=tmp_path)
+    with pytest.raises(type(error)), train_script.ending_recorded_alone(TrainConfig(), info):
+        raise error
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["status"], summary["reason"], summary["checkpoint"]) == (status, reason, None)
+
+
+def test_under_a_launcher_the_script_leaves_the_record_to_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("DP_RUN_DIR", str(tmp_path))  # run_ddp records the ending: it knows which rank failed first
+    with pytest.raises(KeyboardInterrupt), train_script.ending_recorded_alone(TrainConfig(), SimpleNamespace(
+            world_size=1, run_dir=tmp_path)):
+        raise KeyboardInterrupt
+    assert not (tmp_path / "summary.json").exists()

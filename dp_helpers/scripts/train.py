@@ -8,6 +8,7 @@ or alone, as a group of one process that a debugger can step through:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -39,7 +40,7 @@ from dp_helpers.data import make_loader, shard_plan
 from dp_helpers.metrics import MetricsWriter, metrics_dir
 from dp_helpers.mini_ddp import broadcast_state
 from dp_helpers.models import build_model
-from dp_helpers.runs import write_atomic, write_text_atomic
+from dp_helpers.runs import file_stamp, record_ending, write_atomic, write_text_atomic
 from dp_helpers.tasks import held_out_scores, held_out_set, loss_function, train_set
 from dp_helpers.training import (
     accumulate_step,
@@ -297,6 +298,21 @@ def make_summary(cfg: TrainConfig, info: dph.DistInfo, step: int, history: dict,
             "train_seconds": round(seconds, 3), "torch": torch.__version__}
 
 
+@contextlib.contextmanager
+def ending_recorded_alone(cfg: TrainConfig, info: dph.DistInfo):
+    """Run alone (a group of one, no launcher): summary.json says how a run that did not finish ended."""
+    before = file_stamp(cfg.checkpoint)
+    try:
+        yield
+    except BaseException as exc:
+        # under a launcher the launcher records the ending; under a bare torchrun this rank's error may be a peer's
+        if info.world_size == 1 and "RANK" not in os.environ and "DP_RUN_DIR" not in os.environ:
+            interrupted = isinstance(exc, KeyboardInterrupt)
+            reason = "interrupted (Ctrl-C)" if interrupted else f"{type(exc).__name__}: {exc}".splitlines()[0]
+            record_ending(info.run_dir, cfg, reason, "stopped" if interrupted else "failed", before)
+        raise
+
+
 def main(argv: list[str] | None = None) -> None:
     """Parse flags, then train as one rank of the group (a group of one without torchrun)."""
     args = worker_parser().parse_args(argv)
@@ -305,7 +321,8 @@ def main(argv: list[str] | None = None) -> None:
     def run(info: dph.DistInfo) -> None:
         """Check the config against the world size, train, say where the results are."""
         validate(cfg, info.world_size)
-        train(cfg, info)
+        with ending_recorded_alone(cfg, info):
+            train(cfg, info)
         if "DP_RUN_DIR" not in os.environ:  # run alone or by a bare torchrun: say where the results are
             dph.print0(info, f"run folder: {info.run_dir}")
 
