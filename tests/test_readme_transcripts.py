@@ -2,6 +2,7 @@
 that runs the same job (the committed notebooks come from one clean run, and those cells assert what their lines say),
 or the CLI's own output."""
 
+import ast
 from pathlib import Path
 
 import nbformat
@@ -47,3 +48,21 @@ def test_the_refusal_transcript_is_what_the_cli_prints(capsys):
     assert block[0].startswith("$ python -m dp_helpers train ")
     assert cli_main(block[0].removeprefix("$ python -m dp_helpers ").split()) == 2
     assert capsys.readouterr().err.splitlines() == block[1:]
+
+
+def test_the_digits_transcript_is_the_notebooks_run_in_both_readmes():
+    from dp_helpers.__main__ import build_parser
+    from dp_helpers.config import TrainConfig, config_from_args
+
+    source = next(c.source for c in PRACTICE.cells if c.cell_type == "code" and c.source.startswith("digits = {"))
+    ran = TrainConfig(batch_size=10, **ast.literal_eval(source.splitlines()[0].split("=", 1)[1].strip()))
+    epochs = [line for line in cell_output("max_restarts=1") if "] epoch " in line]  # bitwise an uninterrupted run's
+    for text in (README, README_ZH):
+        command, *shown = block_starting(text, "$ python -m dp_helpers train --data digits --epochs")
+        args = build_parser().parse_args(command.split()[4:])  # the README's flags, left-out ones as the CLI fills them
+        assert config_from_args(args) == ran and shown == epochs
+
+
+def block_starting(text: str, first: str) -> list[str]:
+    """The lines of the code block whose first line starts with first."""
+    return (first + text.split("```\n" + first, 1)[1].split("```", 1)[0]).splitlines()
