@@ -28,26 +28,43 @@ def option(default, help: str, minimum: int | None = None, choices: tuple | None
 # default 10 epochs on 2 processes, measured; tests/test_train.py asserts >= 90 % after 2)
 DATA_DEFAULTS = {"synthetic": {"model": "linear", "lr": 0.01, "momentum": 0.0},
                  "digits": {"model": "cnn", "lr": 0.05, "momentum": 0.9}}
+DATA_NAMES = {"synthetic": "synthetic data", "digits": "digits"}
+
+
+def per_data(name: str) -> str:
+    """'(default: 0.01 with synthetic data, 0.05 with digits)': a help text's default, from DATA_DEFAULTS."""
+    return "(default: " + ", ".join(f"{d[name]:g} with {DATA_NAMES[data]}" if isinstance(d[name], float) else
+                                    f"{d[name]} with {DATA_NAMES[data]}" for data, d in DATA_DEFAULTS.items()) + ")"
+
+
+def recipe(data: str) -> str:
+    """'--model cnn --lr 0.05 --momentum 0.9': a data set's defaults as flags."""
+    return " ".join(f"--{name} {value:g}" if isinstance(value, float) else f"--{name} {value}"
+                    for name, value in DATA_DEFAULTS[data].items())
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """What the `train` job trains; the defaults reproduce the source article's problem. Each field is a flag."""
+    """What the `train` job trains; the defaults reproduce the source article's problem. Each field is a flag.
+
+    --model, --lr and --momentum left out (None) are filled from DATA_DEFAULTS when the config is built: to change
+    data, build a new TrainConfig (dataclasses.replace would keep the old data's values).
+    """
 
     epochs: int = option(10, "passes over the data", minimum=1)
     batch_size: int = option(10, "samples per process per step (micro_batch_size); the global batch is "
                                  "world_size x batch_size x grad_accum_steps", minimum=1)
-    lr: float = option(None, "SGD learning rate (default: 0.01 with synthetic data, 0.05 with digits)", kind=float)
+    lr: float = option(None, f"SGD learning rate {per_data('lr')}", kind=float)
     samples: int = option(100, "synthetic samples", minimum=1)
     dim: int = option(10, "features per sample", minimum=1)
     seed: int = option(0, "seeds data, weights and shuffling", minimum=0)
     data: str = option("synthetic", "synthetic: the source article's random features and 0/1 labels; digits: "
                                     "scikit-learn's bundled 8x8 handwritten digits (1,500 to train, 297 held out; its defaults "
-                                    "--model cnn --lr 0.05 --momentum 0.9 reach about 98 percent held-out accuracy in the "
-                                    "default 10 epochs on 2 processes)",
+                                    f"{recipe('digits')} reach about 98 percent held-out accuracy in the default 10 "
+                                    "epochs on 2 processes)",
                        choices=DATA)
     model: str = option(None, "linear (the source article's), mlp, bn (a BatchNorm layer); cnn with --data digits "
-                              "(default: linear with synthetic data, cnn with digits)", choices=MODELS, kind=str)
+                              f"{per_data('model')}", choices=MODELS, kind=str)
     sync: str = option("ddp", "ddp: DistributedDataParallel; manual: all_reduce the gradients by hand", choices=SYNCS)
     strategy: str = option("ddp", "ddp: every rank holds everything; zero1: DDP with torch's ZeroRedundancyOptimizer "
                                   "(optimizer state sharded); fsdp: torch's fully_shard (parameters, gradients and "
@@ -56,8 +73,8 @@ class TrainConfig:
     grad_accum_steps: int = option(1, "micro-batches per optimizer step; DDP all-reduces only on the last (no_sync)",
                                    minimum=1)
     use_no_sync: bool = option(True, "with accumulation, skip the all-reduce of all but the last micro-batch")
-    momentum: float = option(None, "SGD momentum: optimizer state that a checkpoint must carry (default: 0 with "
-                                   "synthetic data, 0.9 with digits)", kind=float)
+    momentum: float = option(None, "SGD momentum: optimizer state that a checkpoint must carry "
+                                   f"{per_data('momentum')}", kind=float)
     bn_sync: str = option("none", "with --model bn: per-rank statistics (none), an all-reduce by hand, or "
                                   "SyncBatchNorm (GPUs)", choices=BN_SYNCS)
     checkpoint: str = option("", "after every epoch rank 0 saves model, optimizer, epoch and history here (written "
