@@ -1,4 +1,4 @@
-"""`python -m dp_helpers bench`: throughput, speed-up, efficiency and all-reduce bandwidth, side by side in one run (notebook 07).
+"""`python -m dp_helpers bench`: throughput, speed-up, efficiency and all-reduce bandwidth, side by side in one run (notebook 09).
 
 Every number is measured on this machine in this run. On CPUs each process gets one thread
 (OMP_NUM_THREADS=1), so world size N means N cores; on GPUs one process per GPU.

@@ -45,11 +45,10 @@ def recipe(data: str) -> str:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """What the `train` job trains; the defaults reproduce the source article's problem. Each field is a flag.
+    """What the `train` job trains; the defaults reproduce the source article's problem. Each field is a flag."""
 
-    --model, --lr and --momentum left out (None) are filled from DATA_DEFAULTS when the config is built: to change
-    data, build a new TrainConfig (dataclasses.replace would keep the old data's values).
-    """
+    # --model, --lr and --momentum left out (None) are filled from DATA_DEFAULTS when the config is built: to change
+    # the data, build a new TrainConfig (dataclasses.replace would keep the old data's values)
 
     epochs: int = option(10, "passes over the data", minimum=1)
     batch_size: int = option(10, "samples per process per step (micro_batch_size); the global batch is "

@@ -1,4 +1,4 @@
-"""The source article's dataset, synthetic data whose labels depend on the features, the digits split, and the sampler arithmetic (notebooks 01, 05)."""
+"""The source article's dataset, synthetic data whose labels depend on the features, the digits split, and the sampler arithmetic (notebooks 01, 06, 07)."""
 
 from __future__ import annotations
 

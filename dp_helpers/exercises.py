@@ -10,11 +10,14 @@ every checker against right and wrong answers.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import inspect
 import itertools
 import math
+import os
 import re
+import threading
 from pathlib import Path
 
 import torch
@@ -22,6 +25,7 @@ from torch import nn
 
 from .checks import UsageError
 from .collectives import naive_ring_bytes, ring_bytes, ring_schedule, ring_time
+from .config import shard_plan
 from .data import chunk_sizes, sampler_indices
 from .dataparallel import replication_bytes
 from .mini_ddp import assign_buckets
@@ -42,15 +46,44 @@ ANSWERS = {
     "02 mean of shard means is the batch loss": lambda: _mean_of_means_is_batch_loss(),
     "04 all-reduces per step for 4,1,1,4,0.5 MiB at 5": lambda: len(assign_buckets([x * 2**20 for x in (0.5, 4, 1, 1, 4)],
                                                                                    5 * 2**20)),
-    "06 GB per rank for 1e9 parameters, ZeRO-2 on 8": lambda: (sum(zero_bytes([10**9], 8, 2).values()) - 4) / 1e9,
-    "05 evaluated and repeated for 10 on 4": lambda: {"evaluated": sum(map(len, sampler_indices(10, 4, shuffle=False))),
+    "05 buckets of the wide MLP at bucket_cap_mb=2": lambda: _rebuilt_buckets(2),
+    "05 ring MB per rank for 25e6 gradients on 8": lambda: {"fp32": ring_bytes(25_000_000, 4, 8, 0) / 1e6,
+                                                            "fp16": ring_bytes(25_000_000, 2, 8, 0) / 1e6},
+    "06 BatchNorm statistics of [1, 2, 3] and [5, 7, 9]": lambda: _batchnorm_statistics([1.0, 2.0, 3.0], [5.0, 7.0, 9.0]),
+    "06 evaluated and repeated for 10 on 4": lambda: {"evaluated": sum(map(len, sampler_indices(10, 4, shuffle=False))),
                                                    "twice": _repeat(sampler_indices(10, 4, shuffle=False))["samples"]},
-    "07 efficiency when t_comm grows": lambda: "lower",
-    "07 faster ring on 8 ranks at 10 us and 10 GB/s": lambda: {
+    "07 steps when resuming after 3 of 6 epochs": lambda: _resume_steps(100, 2, 10, 3, 6),
+    "07 epoch a restart without --checkpoint starts at": lambda: 1,  # nothing was saved: the new group starts over
+    "08 GB per rank for 1e9 parameters, ZeRO-2 on 8": lambda: (sum(zero_bytes([10**9], 8, 2).values()) - 4) / 1e9,
+    "09 efficiency when t_comm grows": lambda: "lower",
+    "09 faster ring on 8 ranks at 10 us and 10 GB/s": lambda: {
         label: "naive" if naive_ring_time(n, 8, 10e-6, 10e9) < ring_time(n, 8, 10e-6, 10e9) else "ring"
         for label, n in (("8 B", 8), ("100 MB", 100e6))},
-    "07 DataParallel emulation limit at f = 1/3": lambda: 1.5,
+    "09 DataParallel emulation limit at f = 1/3": lambda: 1.5,
 }
+
+
+def _rebuilt_buckets(cap_mb: float) -> dict:
+    """DDP's buckets after the rebuild for notebook 05's wide MLP: last layer first, torch's own assignment."""
+    from .models import MLP
+
+    sizes = [p.numel() * p.element_size() for p in MLP(256, hidden=512, depth=6).parameters()][::-1]
+    assigned = torch_buckets(sizes, int(cap_mb * 2**20))
+    return {"all-reduces per step": len(assigned), "tensors in the first bucket": len(assigned[0])}
+
+
+def _batchnorm_statistics(*shards: list[float]) -> dict:
+    """The mean and (biased) variance BatchNorm normalises with: rank 0's shard alone, and all shards together."""
+    own = torch.tensor(shards[0], dtype=torch.float64)
+    everything = torch.tensor([x for shard in shards for x in shard], dtype=torch.float64)
+    return {"rank 0 mean": own.mean().item(), "rank 0 variance": own.var(unbiased=False).item(),
+            "global mean": everything.mean().item(), "global variance": everything.var(unbiased=False).item()}
+
+
+def _resume_steps(samples: int, world_size: int, batch_size: int, stopped: int, epochs: int) -> dict:
+    """Where a resumed run starts counting optimizer steps, and how many it takes to finish."""
+    per_epoch = shard_plan(samples, world_size, batch_size).optimizer_steps
+    return {"resumes at step": stopped * per_epoch, "steps after resuming": (epochs - stopped) * per_epoch}
 
 
 def _mean_of_means_is_batch_loss() -> bool:
@@ -298,13 +331,13 @@ def check_buckets(fn) -> Verdict:
 
 
 def flat_chunk(numel: int, world_size: int, rank: int) -> tuple[int, int]:
-    """The reference of notebook 06's exercise: the [start, stop) of a numel-long tensor that rank owns (padding excluded)."""
+    """The reference of notebook 08's exercise: the [start, stop) of a numel-long tensor that rank owns (padding excluded)."""
     size = Flat([torch.zeros(numel)], world_size).size
     return min(numel, rank * size), min(numel, (rank + 1) * size)
 
 
 def check_chunk(fn) -> Verdict:
-    """Notebook 06: fn(numel, world_size, rank) -> (start, stop) of the values rank owns in the padded flat buffer."""
+    """Notebook 08: fn(numel, world_size, rank) -> (start, stop) of the values rank owns in the padded flat buffer."""
     cases = [(n, w, r) for n in (1, 5, 8, 10, 33, 100) for w in (1, 2, 3, 4, 8) for r in range(w)]
     return compare_function(fn, flat_chunk, cases, lambda a: f"numel={a[0]}, world_size={a[1]}, rank={a[2]}")
 
@@ -381,13 +414,180 @@ def check_accumulate(fn) -> Verdict:
 
 
 def naive_ring_time(bytes_: float, world_size: int, latency: float, bandwidth: float) -> float:
-    """The reference answer of notebook 07's exercise: W-1 hops, each a latency plus the whole tensor."""
+    """The reference answer of notebook 09's exercise: W-1 hops, each a latency plus the whole tensor."""
     return (world_size - 1) * (latency + bytes_ / bandwidth)
 
 
 def check_naive_ring_time(fn) -> Verdict:
-    """Notebook 07: fn(bytes, world_size, latency, bandwidth) -> the naive ring's alpha-beta time in seconds."""
+    """Notebook 09: fn(bytes, world_size, latency, bandwidth) -> the naive ring's alpha-beta time in seconds."""
     cases = list(itertools.product((0, 4, 4e6, 1e9), (2, 3, 8), (0.0, 2e-5), (1e9, 25e9)))
     return compare_function(fn, naive_ring_time, cases,
                             lambda a: f"bytes={a[0]:g}, world_size={a[1]}, latency={a[2]}, bandwidth={a[3]:g}",
                             same=lambda got, want: _number(_plain(got)) and abs(_plain(got) - want) <= 1e-9 * max(1.0, want))
+
+
+class ThreadRanks:
+    """world_size ranks as threads of this process, with an all_reduce that sums in place as dist.all_reduce does."""
+
+    def __init__(self, world_size: int, timeout: float = 5.0):
+        self.world_size, self.slots = world_size, [None] * world_size
+        self.barrier = threading.Barrier(world_size, timeout=timeout)
+
+    def all_reduce_for(self, rank: int):
+        """Rank `rank`'s all_reduce(tensor): every rank must call it, the same number of times."""
+        def all_reduce(tensor, *args, **kwargs):
+            """Sum tensor over the ranks, in place."""
+            self.slots[rank] = tensor.detach().clone()
+            self.barrier.wait()  # every rank's contribution is in
+            total = torch.stack([slot.to(tensor.dtype) for slot in self.slots]).sum(0)
+            self.barrier.wait()  # every rank has read them all before the next call overwrites a slot
+            tensor.copy_(total)
+        return all_reduce
+
+    def run(self, fn) -> list:
+        """fn(rank, all_reduce) on every rank at once; each rank's result, or the exception it raised."""
+        results = [None] * self.world_size
+
+        def one(rank: int) -> None:
+            """One rank's call, its result or exception kept."""
+            try:
+                results[rank] = fn(rank, self.all_reduce_for(rank))
+            except BaseException as exc:  # noqa: BLE001 -- reported to the learner in one line
+                results[rank] = exc
+                self.barrier.abort()  # the other ranks stop waiting for this one
+        threads = [threading.Thread(target=one, args=(r,), daemon=True) for r in range(self.world_size)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return results
+
+
+def _scored_run(fn, samples: int, world_size: int) -> tuple[list, list[int], torch.Tensor]:
+    """Run fn as world_size thread ranks over random losses: each rank's result, the indices scored, the losses."""
+    losses = torch.rand(samples, generator=torch.Generator().manual_seed(samples * 10 + world_size), dtype=torch.float64)
+    scored, lock = [], threading.Lock()
+
+    def score(i: int) -> float:
+        """Sample i's loss, noting that it was scored."""
+        with lock:
+            scored.append(int(i))
+        return losses[int(i)].item()
+    got = ThreadRanks(world_size).run(lambda rank, all_reduce: fn(samples, score, rank, world_size, all_reduce))
+    return got, scored, losses
+
+
+def _exact_eval_problem(fn, samples: int, world_size: int) -> str | None:
+    """What is wrong with fn as an exact distributed mean over `samples` losses on world_size ranks, or None."""
+    got, scored, losses = _scored_run(fn, samples, world_size)
+    case = f"with {samples} samples on {world_size} ranks"
+    errors = [g for g in got if isinstance(g, BaseException)]
+    real = next((g for g in errors if not isinstance(g, threading.BrokenBarrierError)), None)
+    if isinstance(real, NotImplementedError):
+        raise real
+    if real is not None:
+        return f"{case} your function raised {type(real).__name__}: {real}."
+    if errors:
+        return (f"{case} the ranks did not all call all_reduce the same number of times (one waited for the others): "
+                "every rank calls every collective, even a rank with no samples.")
+    return _coverage_problem(case, collections.Counter(scored), samples) or _mean_problem(case, got, losses)
+
+
+def _coverage_problem(case: str, counts: collections.Counter, samples: int) -> str | None:
+    """Samples scored twice or never, in one sentence, or None."""
+    twice = sorted(i for i, c in counts.items() if c > 1)
+    if twice:
+        return (f"{case} samples {twice[:6]} were scored more than once (padding, as DistributedSampler does?): give "
+                "rank r the samples r, r + W, r + 2W, ... and no more.")
+    missing = sorted(set(range(samples)) - set(counts))
+    return f"{case} samples {missing[:6]} were never scored: together the ranks must score every sample once." \
+        if missing else None
+
+
+def _mean_problem(case: str, got: list, losses: torch.Tensor) -> str | None:
+    """The first rank whose result is not the mean over every sample, in one sentence, or None."""
+    want = losses.mean().item()
+    wrong = [(r, g) for r, g in enumerate(got) if not (_number(_plain(g)) and abs(_plain(g) - want) <= 1e-6)]
+    if not wrong:
+        return None
+    rank, value = wrong[0]
+    return (f"{case} rank {rank} returned {_shown(value)!r}, the mean over all samples is {want:.6f}: all-reduce the "
+            "sums and the counts, then divide once (a mean of per-rank means weighs a short shard like a full one).")
+
+
+def check_exact_eval(fn) -> Verdict:
+    """Notebook 06: fn(samples, score, rank, world_size, all_reduce) -> the mean loss over every sample, on every rank."""
+    for samples, world_size in ((12, 4), (10, 4), (7, 3), (3, 4), (1, 2)):
+        try:
+            problem = _exact_eval_problem(fn, samples, world_size)
+        except NotImplementedError:
+            return verdict(False, "your function still raises NotImplementedError: write its body.")
+        if problem:
+            return verdict(False, problem)
+    return verdict(True, "every sample scored once, on 1 to 4 ranks with even and uneven shards, and every rank "
+                         "returns the exact mean.")
+
+
+HALF_WRITTEN = b"half a checkpoint"
+
+
+def _crashing_save(targets: list):
+    """A torch.save that writes part of the file, then fails as a full disk or a killed process would."""
+    def save(obj, f, *args, **kwargs):
+        """Write half a file to f, then fail."""
+        path_given = isinstance(f, (str, os.PathLike))
+        targets.append(Path(f) if path_given else Path(getattr(f, "name", "")))
+        if path_given:
+            Path(f).write_bytes(HALF_WRITTEN)
+        else:
+            f.write(HALF_WRITTEN)
+        raise OSError(28, "No space left on device")
+    return save
+
+
+def _atomic_save_problem(fn, folder: Path) -> str | None:
+    """What is wrong with fn(state, path) as a save that never leaves a half-written checkpoint, or None."""
+    from unittest import mock
+
+    path, first, second = folder / "snapshot.pt", {"epoch": 1, "w": torch.ones(3)}, {"epoch": 2, "w": torch.zeros(3)}
+    fn(first, str(path))
+    if not path.is_file():
+        return f"after fn(state, {path.name!r}) there is no file {path.name!r}: save the state at that path."
+    loaded = torch.load(path, weights_only=True)
+    if loaded.keys() != first.keys() or loaded["epoch"] != 1 or not torch.equal(loaded["w"], first["w"]):
+        return "the saved file does not load back as the state you were given: save the whole dict."
+    targets, raised = [], None
+    with mock.patch.object(torch, "save", _crashing_save(targets)):
+        try:
+            fn(second, str(path))
+        except OSError as exc:
+            raised = exc
+    if path.read_bytes() == HALF_WRITTEN or torch.load(path, weights_only=True)["epoch"] != 1:
+        return ("a save that failed halfway destroyed the previous snapshot: write to a temporary file in the same "
+                "folder, then os.replace() it onto the path (a rename is all or nothing).")
+    if targets and targets[0].resolve().parent != folder.resolve():
+        return ("the temporary file is in another folder: os.replace() is atomic only within one file system, so "
+                "put it beside the checkpoint.")
+    if raised is None:
+        return "when torch.save failed your function returned as if it had saved: let the OSError propagate."
+    left = sorted(p.name for p in folder.iterdir() if p != path)
+    if left:
+        return f"a failed save left {left} behind: remove the temporary file when the write fails, then re-raise."
+    return None
+
+
+def check_atomic_save(fn) -> Verdict:
+    """Notebook 07: fn(state, path) saves so that a crash while writing leaves the previous checkpoint whole."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            problem = _atomic_save_problem(fn, Path(folder))
+        except NotImplementedError:
+            return verdict(False, "your function still raises NotImplementedError: write its body.")
+        except Exception as exc:  # the learner's bug, in one line rather than a traceback
+            return verdict(False, f"your function raised {type(exc).__name__}: {exc}.")
+    if problem:
+        return verdict(False, problem)
+    return verdict(True, "the snapshot loads back, and a save that failed halfway left the previous one whole and "
+                         "nothing else behind.")

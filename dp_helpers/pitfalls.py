@@ -1,4 +1,4 @@
-"""Mistakes shown failing on purpose, safely, so a notebook can display and check the error (taught in notebooks 03 and 05)."""
+"""Mistakes shown failing on purpose, safely, so a notebook can display and check the error (taught in notebooks 03 and 07)."""
 
 from __future__ import annotations
 

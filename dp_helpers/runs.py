@@ -81,10 +81,8 @@ def left_checkpoint(cfg, before: tuple | None) -> str | None:
 
 def record_ending(run_dir: Path, cfg, reason: str, status: str = "stopped", before: tuple | None = None,
                   **more) -> None:
-    """After a run was stopped or failed: summary.json says so, how far it got, and the checkpoint it left.
-
-    before is the checkpoint's file_stamp when the run started: a file no write of this run touched is not named.
-    """
+    """After a run was stopped or failed: summary.json says so, how far it got, and the checkpoint it left."""
+    # before: the checkpoint's file_stamp when the run started; a file no write of this run touched is not named
     if run_dir is None or (run_dir / "summary.json").exists():
         return
     steps = MetricsTail(metrics_dir(run_dir) / "rank0.jsonl").new_lines()  # complete lines, a restart's redone steps once

@@ -1,10 +1,10 @@
-"""Checkers that run a learner's code on real gloo processes and answer in one sentence (notebooks 00, 04, 06).
+"""Checkers that run a learner's code on real gloo processes and answer in one sentence (notebooks 00, 04, 08).
 
 Notebook 00: the learner turns the one-device loop `scripts/one_device_loop.py` into a DDP script; the
 checker launches it under torchrun with probes (`scripts/probe.py`), compares the saved weights and the
 printed losses with the one-device loop run in this process on the global batch, and names the first
 mistake it finds (no process group, no DDP, no DistributedSampler, no set_epoch, a collective only some
-ranks call, saving or printing on every rank, a division too many). Notebooks 04 and 06: the learner fills
+ranks call, saving or printing on every rank, a division too many). Notebooks 04 and 08: the learner fills
 in a skeleton (templates/), which scripts/my_ddp_check.py and my_zero1_check.py run next to torch's DDP or
 one process; and a byte count per rank is predicted, then measured.
 """
@@ -277,7 +277,7 @@ def result_problem(outcome: Outcome, reference: Outcome, world_size: int) -> str
         if same(outcome.weights, one_device(LR * world_size).weights):
             return (f"the steps come out {world_size}x too large: the gradients are summed over the ranks, or the "
                     "learning rate is multiplied by world_size; DDP averages, and this exercise keeps the one-device "
-                    "learning rate (scaling it with the batch is a choice notebook 05 discusses, not part of DDP).")
+                    "learning rate (scaling it with the batch is a choice notebook 06 discusses, not part of DDP).")
         gap = max((outcome.weights[k] - reference.weights[k]).abs().max().item() for k in reference.weights)
         return (f"on {world_size} ranks the weights differ from one device on the global batch of {GLOBAL_BATCH} by "
                 f"up to {gap:.3g}: does every rank build the same dataset (seeded alike), call optimizer.zero_grad() "
@@ -434,7 +434,7 @@ ZERO1_TEMPLATE = Path(__file__).resolve().parent / "templates" / "my_zero1.py"
 
 
 def start_my_zero1_exercise(path="my_zero1.py") -> None:
-    """Notebook 06: copy the MyZero1 skeleton to `path` to edit (a file already there is kept: it may be your work)."""
+    """Notebook 08: copy the MyZero1 skeleton to `path` to edit (a file already there is kept: it may be your work)."""
     copy_template(ZERO1_TEMPLATE, Path(path), "the MyZero1 skeleton", "write step()", "check_my_zero1")
 
 
@@ -468,7 +468,7 @@ def zero1_problem(ranks: list[dict]) -> str | None:
 
 
 def check_my_zero1(path="my_zero1.py") -> Verdict:
-    """Notebook 06: the learner's ZeRO-1 step on 2 and 3 gloo ranks against one process with the global batch."""
+    """Notebook 08: the learner's ZeRO-1 step on 2 and 3 gloo ranks against one process with the global batch."""
     problem = skeleton_problem("my_zero1", Path(path), ZERO1_TEMPLATE, "the MyZero1 skeleton", (2, 3), zero1_problem)
     if problem:
         return verdict(False, problem)
@@ -496,7 +496,7 @@ def too_high_or_low(prediction, measured: dict) -> str:
 
 def check_memory_prediction(prediction: dict, stage: int = 2, world_size: int = 3, width: int = 64,
                             depth: int = 2) -> Verdict:
-    """Notebook 06: the bytes a rank holds under ZeRO-`stage` with fp32 Adam, predicted, then measured on real ranks."""
+    """Notebook 08: the bytes a rank holds under ZeRO-`stage` with fp32 Adam, predicted, then measured on real ranks."""
     if _unanswered(prediction):
         return verdict(False, "replace each ... with your prediction in bytes, then run the cell again.")
     measured = dict(measured_bytes(stage, world_size, width, depth))

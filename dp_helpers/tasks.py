@@ -1,4 +1,4 @@
-"""What `train` learns: the source article's synthetic problem (BCE) or scikit-learn's digits (cross-entropy, held-out accuracy) (notebook 05)."""
+"""What `train` learns: the source article's synthetic problem (BCE) or scikit-learn's digits (cross-entropy, held-out accuracy) (notebook 07)."""
 
 from __future__ import annotations
 

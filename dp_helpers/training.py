@@ -1,4 +1,4 @@
-"""The training step shared by the DDP script and the single-process reference (taught in notebooks 03 and 05; mixed precision in 07)."""
+"""The training step shared by the DDP script and the single-process reference (taught in notebooks 03 and 05; mixed precision in 09)."""
 
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ def mixed_precision_step(model: nn.Module, inputs: torch.Tensor, targets: torch.
 
 def train_steps(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, steps: int, lr: float,
                 precision: str | None = None) -> nn.Module:
-    """`steps` full-batch SGD steps: train_step when precision is None, else mixed_precision_step (notebook 07)."""
+    """`steps` full-batch SGD steps: train_step when precision is None, else mixed_precision_step (notebook 09)."""
     optimizer, scaler = make_optimizer(model, lr), grad_scaler(inputs.device, precision or "fp32")
     for _ in range(steps):
         if precision is None:

@@ -1,4 +1,4 @@
-"""Sharded data parallelism built from scratch: ZeRO-1, -2 and -3 around Adam, with exact bytes per rank (notebook 06).
+"""Sharded data parallelism built from scratch: ZeRO-1, -2 and -3 around Adam, with exact bytes per rank (notebook 08).
 
 - `held_bytes`: what a rank holds, counted from storages (a view or a padded shard counts what it really keeps).
 - `zero_bytes`: the fp32 analogue of the ZeRO paper's arithmetic (the paper's is for mixed precision, 2 + 2 + 12):

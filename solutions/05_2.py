@@ -1,6 +1,9 @@
-"""Notebook 05, exercise 2: samples evaluated, and repeated, for 10 on 4 ranks."""
+"""Notebook 05, exercise 2: DDP's buckets for the wide MLP at bucket_cap_mb=2, after the rebuild."""
 
 from dp_helpers.exercises import check_answer
 
-answer_2 = {"evaluated": 12, "twice": [0, 1]}  # 4 x ceil(10 / 4) = 12 slots, padded with indices 0 and 1
-assert check_answer("05 evaluated and repeated for 10 on 4", answer_2)
+# ready order, head first: head bias, head weight (tiny), then each 512-wide layer's bias (2 KiB) and weight (1 MiB).
+# A bucket closes at the first tensor that crosses 2 MiB: head bias, head weight, bias, 1 MiB, bias, 1 MiB -> 6 tensors
+# (2.01 MiB); the next bucket again takes two layers (2.00 MiB), the last the rest (1.5 MiB): 3 all-reduces a step.
+answer_2 = {"all-reduces per step": 3, "tensors in the first bucket": 6}
+assert check_answer("05 buckets of the wide MLP at bucket_cap_mb=2", answer_2)

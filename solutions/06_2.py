@@ -1,6 +1,6 @@
-"""Notebook 06, exercise 2: GB per rank for 1e9 parameters, fp32 Adam, ZeRO-2 on 8."""
+"""Notebook 06, exercise 2: samples evaluated, and repeated, for 10 on 4 ranks."""
 
 from dp_helpers.exercises import check_answer
 
-answer_2 = 5.5  # parameters 4 GB in full; gradients 4/8 and Adam's state 8/8 GB: 4 + 0.5 + 1
-assert check_answer("06 GB per rank for 1e9 parameters, ZeRO-2 on 8", answer_2)
+answer_2 = {"evaluated": 12, "twice": [0, 1]}  # 4 x ceil(10 / 4) = 12 slots, padded with indices 0 and 1
+assert check_answer("06 evaluated and repeated for 10 on 4", answer_2)

@@ -1,15 +1,7 @@
-"""Notebook 07, exercise 1: the naive ring's time in the alpha-beta model, and which ring wins when."""
+"""Notebook 07, exercise 1: where a resumed run starts counting steps, and how many it takes."""
 
-from dp_helpers.collectives import ring_time
-from dp_helpers.exercises import check_answer, check_naive_ring_time
+from dp_helpers.exercises import check_answer
 
-
-def my_naive_ring_time(nbytes, world_size, latency, bandwidth):
-    return (world_size - 1) * (latency + nbytes / bandwidth)  # N-1 hops, each a latency plus the whole tensor
-
-
-assert check_naive_ring_time(my_naive_ring_time)
-# half the latency terms, N/2 times the bytes: tiny messages favour the naive ring, large ones the ring
-wins = {size: "naive" if my_naive_ring_time(n, 8, 10e-6, 10e9) < ring_time(n, 8, 10e-6, 10e9) else "ring"
-        for size, n in (("8 B", 8), ("100 MB", 100e6))}
-assert check_answer("07 faster ring on 8 ranks at 10 us and 10 GB/s", wins)
+per_epoch = 100 // (2 * 10)  # 50 samples per rank in batches of 10: 5 optimizer steps per epoch
+answer_1 = {"resumes at step": 3 * per_epoch, "steps after resuming": (6 - 3) * per_epoch}
+assert check_answer("07 steps when resuming after 3 of 6 epochs", answer_1)

@@ -27,7 +27,7 @@ def test_quick_config_is_smaller():
 
 
 def test_bench_quick_writes_the_documented_fields(tmp_path, monkeypatch, pools, capsys):
-    # the bench worker's measurements run in rank pools instead of one torchrun launch each (notebook 07
+    # the bench worker's measurements run in rank pools instead of one torchrun launch each (notebook 09
     # runs the real --quick benchmark); a tiny model: this test checks the fields, not the speed
     import dp_helpers.bench as bench
     from dp_helpers.__main__ import main

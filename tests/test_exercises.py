@@ -1,5 +1,6 @@
 """Every exercise checker says correct for the reference answer and not yet for a wrong or missing one."""
 
+import os
 import runpy
 
 import pytest
@@ -19,11 +20,17 @@ RIGHT = {
     "02 mean of shard means is the batch loss": False,
     "03 naive and ring MB for 100 MB on 8": {"ring": 175.0, "naive": 700.0},
     "04 all-reduces per step for 4,1,1,4,0.5 MiB at 5": 2,  # last layer first: [0.5, 4, 1] and [1, 4]
-    "05 evaluated and repeated for 10 on 4": {"evaluated": 12, "twice": [0, 1]},
-    "06 GB per rank for 1e9 parameters, ZeRO-2 on 8": 5.5,  # 4 bytes of parameters + (4 + 8) / 8 bytes, per parameter
-    "07 efficiency when t_comm grows": "lower",
-    "07 faster ring on 8 ranks at 10 us and 10 GB/s": {"8 B": "naive", "100 MB": "ring"},
-    "07 DataParallel emulation limit at f = 1/3": 1.5,
+    "05 buckets of the wide MLP at bucket_cap_mb=2": {"all-reduces per step": 3, "tensors in the first bucket": 6},
+    "05 ring MB per rank for 25e6 gradients on 8": {"fp32": 175.0, "fp16": 87.5},  # 2 (W - 1) / W of 100 and 50 MB
+    "06 BatchNorm statistics of [1, 2, 3] and [5, 7, 9]": {"rank 0 mean": 2, "rank 0 variance": 2 / 3, "global mean": 4.5,
+                                                           "global variance": 169 / 6 - 4.5**2},
+    "06 evaluated and repeated for 10 on 4": {"evaluated": 12, "twice": [0, 1]},
+    "07 steps when resuming after 3 of 6 epochs": {"resumes at step": 15, "steps after resuming": 15},  # 5 per epoch
+    "07 epoch a restart without --checkpoint starts at": 1,
+    "08 GB per rank for 1e9 parameters, ZeRO-2 on 8": 5.5,  # 4 bytes of parameters + (4 + 8) / 8 bytes, per parameter
+    "09 efficiency when t_comm grows": "lower",
+    "09 faster ring on 8 ranks at 10 us and 10 GB/s": {"8 B": "naive", "100 MB": "ring"},
+    "09 DataParallel emulation limit at f = 1/3": 1.5,
 }
 
 
@@ -190,7 +197,7 @@ def test_wrong_answers_are_named(got, want, words):
 
 
 SOLUTIONS = sorted(ex.SOLUTIONS.glob("*.py"))
-SCRIPTS = {"00_1.py", "03_3.py", "04_3.py", "06_3.py", "06_4.py"}  # code for ranks: tests/test_script_check.py launches it
+SCRIPTS = {"00_1.py", "03_3.py", "04_3.py", "08_3.py", "08_4.py"}  # code for ranks: tests/test_script_check.py launches it
 
 
 @pytest.mark.parametrize("path", [p for p in SOLUTIONS if p.name not in SCRIPTS], ids=lambda p: p.name)
@@ -228,3 +235,87 @@ def test_a_count_gets_no_unit_hint_and_a_known_slip_is_named(capsys):
     out = capsys.readouterr().out.splitlines()
     assert "bits" not in out[0] and "4 is the number of processes" in out[0]
     assert "that counts device 0 too" in out[1]
+
+
+def exact_mean(samples, score, rank, world_size, all_reduce):
+    mine = range(rank, samples, world_size)
+    totals = torch.tensor([sum(score(i) for i in mine), len(mine)], dtype=torch.float64)
+    all_reduce(totals)
+    return (totals[0] / totals[1]).item()
+
+
+def padded_mean(samples, score, rank, world_size, all_reduce):
+    mine = [(rank + k * world_size) % samples for k in range(-(-samples // world_size))]  # as the sampler pads
+    totals = torch.tensor([sum(score(i) for i in mine), len(mine)], dtype=torch.float64)
+    all_reduce(totals)
+    return (totals[0] / totals[1]).item()
+
+
+def mean_of_means(samples, score, rank, world_size, all_reduce):
+    mine = range(rank, samples, world_size)
+    mean = torch.tensor([sum(score(i) for i in mine) / max(len(mine), 1)], dtype=torch.float64)
+    all_reduce(mean)
+    return mean.item() / world_size
+
+
+def skips_when_empty(samples, score, rank, world_size, all_reduce):
+    if rank >= samples:
+        return 0.0  # leaves the others waiting in their all_reduce
+    return exact_mean(samples, score, rank, world_size, all_reduce)
+
+
+@pytest.mark.parametrize("wrong, words", [(padded_mean, "scored more than once"), (mean_of_means, "divide once"),
+                                          (skips_when_empty, "every rank calls every collective"),
+                                          (lambda n, s, r, w, a: sum(map(s, range(n))) / n, "[0, 1, 2"),
+                                          (not_written, "NotImplementedError")])
+def test_the_exact_evaluation_checker_runs_ranks_and_names_each_mistake(wrong, words, capsys):
+    assert ex.check_exact_eval(exact_mean) and not ex.check_exact_eval(wrong)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("correct") and words in out[1]
+
+
+def atomic_save(state, path):
+    tmp = f"{path}.tmp"
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        os.remove(tmp) if os.path.exists(tmp) else None
+        raise
+
+
+def save_in_place(state, path):
+    torch.save(state, path)
+
+
+def save_without_clean_up(state, path):
+    torch.save(state, f"{path}.tmp")
+    os.replace(f"{path}.tmp", path)
+
+
+def save_elsewhere(state, path):
+    tmp = os.path.join(os.path.dirname(os.path.dirname(path)), "elsewhere.tmp")
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        os.remove(tmp) if os.path.exists(tmp) else None
+        raise
+
+
+def save_quietly(state, path):
+    try:
+        atomic_save(state, path)
+    except OSError:
+        pass
+
+
+@pytest.mark.parametrize("wrong, words", [(save_in_place, "destroyed the previous snapshot"),
+                                          (save_without_clean_up, "left ['snapshot.pt.tmp'] behind"),
+                                          (save_elsewhere, "in another folder"), (save_quietly, "let the OSError"),
+                                          (lambda state, path: None, "there is no file"),
+                                          (not_written, "NotImplementedError")])
+def test_the_atomic_save_checker_crashes_a_save_and_names_each_mistake(wrong, words, capsys):
+    assert ex.check_atomic_save(atomic_save) and not ex.check_atomic_save(wrong)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("correct") and words in out[1]

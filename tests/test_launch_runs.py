@@ -223,7 +223,7 @@ def test_two_local_nodes_equal_one_node(tmp_path, monkeypatch, pools):
 
     monkeypatch.chdir(tmp_path)
     cfg = TrainConfig(epochs=2, batch_size=5)
-    # one process per node keeps this cheap on 2 cores (notebook 07 makes the same comparison)
+    # one process per node keeps this cheap on 2 cores (notebook 09 makes the same comparison)
     two = run_local_nodes("dp_helpers.scripts.train", *cfg.as_args(), nnodes=2, world_size=2, out_dir=tmp_path / "nodes")
     pools.get(2).run(train_rank, cfg, run_dir=tmp_path / "one")  # one group of 2
     torch.testing.assert_close(torch.load(two.run_dir / "model.pt", weights_only=True),

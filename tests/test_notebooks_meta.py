@@ -53,9 +53,19 @@ def test_at_least_five_checks(path):
 
 
 def exercises(path) -> list[str]:
-    """The numbers of a notebook's exercises: the bold '**k.' that opens each in its Exercises section."""
+    """The numbers of a notebook's exercises: '**Exercise k.' inside its sections, else '**k.' in its Exercises section."""
     text = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "markdown")
-    return re.findall(r"^\*\*(\d+)\.", text.split("## Exercises", 1)[1], re.M)
+    inside = re.findall(r"^\*\*Exercise (\d+)\b", text.split("## Takeaways", 1)[0], re.M)
+    return inside or re.findall(r"^\*\*(\d+)\.", text.split("## Exercises", 1)[1], re.M)
+
+
+@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p.name[:2] in ("05", "06", "07")], ids=lambda p: p.name)
+def test_the_practice_notebooks_place_three_exercises_inside_their_sections(path):
+    cells = nbformat.read(path, as_version=4).cells
+    sections = [i for i, c in enumerate(cells) if c.cell_type == "markdown" and re.match(r"## \d+\. ", c.source)]
+    placed = [i for i, c in enumerate(cells) if c.cell_type == "markdown" and c.source.startswith("**Exercise ")]
+    assert len(placed) >= 3 and all(sections[0] < i for i in placed)
+    assert all(re.search(r"^check_\w+\(", cells[i + 1].source, re.M) for i in placed)  # its answer cell follows
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

@@ -62,7 +62,7 @@ def test_resume_equals_an_uninterrupted_run(tmp_path, pools):
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("ckpt")) == ["ckpt.pt"]  # no .tmp left
 
 
-FIXES = ("uneven-join", "rank0-fixed", "unused-params-fixed", "module-prefix")
+FIXES = ("uneven-join", "rank0-fixed", "module-prefix")
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,7 @@ def fixed(pools):
 
 
 def test_join_lets_uneven_ranks_finish(fixed):
-    # without Join the same case hangs until the group's timeout: notebook 05 runs it under torchrun
+    # without Join the same case hangs until the group's timeout: notebook 06 runs it under torchrun
     zero, one = fixed["uneven-join"]
     assert (zero["batches"], one["batches"]) == (5, 3)  # with Join every rank finishes
     assert zero["weights"] == one["weights"]  # with one model
@@ -80,14 +80,8 @@ def test_join_lets_uneven_ranks_finish(fixed):
 
 
 def test_the_collective_outside_rank_0_runs(fixed):
-    # inside `if rank == 0:` it hangs until the group's timeout: notebook 05 runs that under torchrun
+    # inside `if rank == 0:` it hangs until the group's timeout: notebook 06 runs that under torchrun
     assert [r["metric"] for r in fixed["rank0-fixed"]] == [1.0, 1.0]  # 0 + 1, on every rank
-
-
-def test_unused_parameters_error_and_fix(pools, fixed):
-    with pytest.raises(RankError, match="Expected to have finished reduction in the prior iteration"):
-        pools.get(2).run(run_case, "unused-params")
-    assert fixed["unused-params-fixed"][0]["batches"] == 3
 
 
 def test_module_prefix(fixed):
@@ -122,19 +116,14 @@ def run_experiments(info, argv: list[str]) -> dict:
 
 
 def test_ddp_internals(pools):
-    exps = ("timeline", "buckets", "sweep", "memory", "fp16", "precision")
-    got = pools.get(2).run(run_experiments, ["--experiment", *exps, "--caps", "1", "25"])[0]
-    events = got["timeline"]
-    first_allreduce = min(e["start"] for e in events if e["kind"] == "all-reduce")
-    last_ready = max(e["start"] for e in events if e["kind"] == "gradient ready")
-    assert first_allreduce < last_ready  # communication starts while the backward is still computing
+    exps = ("buckets", "memory", "fp16", "precision")
+    got = pools.get(2).run(run_experiments, ["--experiment", *exps])[0]
     buckets = {r["setting"]: r["bucket_bytes_per_step"] for r in got["buckets"]}
     total = sum(buckets["default"][0])
     assert all(len(b[0]) == 1 for name, b in buckets.items() if name != "find_unused_parameters")  # step 0: one bucket
     assert buckets["default"][1][0] <= 1.1 * 2**20 and len(buckets["default"][1]) == 2  # rebuilt: a small first bucket
     assert buckets["bucket_cap_mb=25"][1] == [total] and buckets["bucket_cap_mb=1"][1] == buckets["bucket_cap_mb=0.25"][1]
     assert len(buckets["find_unused_parameters"][0]) > 1 and buckets["find_unused_parameters"][0] == buckets["find_unused_parameters"][2]
-    assert [r["allreduces_per_step"] for r in got["sweep"]] == [2.0, 6.0, 1.0]  # default, 1 MiB, 25 MiB
     plain, view = got["memory"]
     assert plain["bytes_held"] == 2 * plain["parameter_bytes"] and view["bytes_held"] == view["parameter_bytes"]
     assert got["fp16"]["fp16"]["bytes"] * 2 == got["fp16"]["fp32"]["bytes"]

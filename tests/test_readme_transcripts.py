@@ -12,7 +12,7 @@ from dp_helpers.__main__ import main as cli_main
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()
 README_ZH = (REPO / "README.zh-CN.md").read_text()
-PRACTICE = nbformat.read(REPO / "notebooks" / "05_ddp_in_practice.ipynb", as_version=4)
+PRACTICE = nbformat.read(REPO / "notebooks" / "07_real_jobs.ipynb", as_version=4)
 
 
 def cell_output(needle: str) -> list[str]:

@@ -18,7 +18,7 @@ from dp_helpers.training import read_checkpoint
 
 pytestmark = pytest.mark.slow
 
-# the synthetic task, 5 steps per epoch on 2 ranks: the mechanism costs seconds; notebook 05 does the same on digits
+# the synthetic task, 5 steps per epoch on 2 ranks: the mechanism costs seconds; notebook 07 does the same on digits
 JOB = {"lr": 0.1, "momentum": 0.9, "epochs": 3}
 
 

@@ -218,7 +218,7 @@ def test_the_ddp_core_skeleton_is_not_launched(tmp_path, capsys, monkeypatch):
     assert "still the MyDDP skeleton" in capsys.readouterr().out
 
 
-ZERO1 = (SOLUTIONS / "06_3.py").read_text()
+ZERO1 = (SOLUTIONS / "08_3.py").read_text()
 ZERO1_MISTAKES = {
     "an all-reduce": (("        mine = torch.empty(self.chunk)\n        reduce_scatter(mine, self.flat(p.grad for p in self.params))",
                        "        full_grad = self.flat(p.grad for p in self.params)\n        dist.all_reduce(full_grad)\n"
@@ -273,7 +273,7 @@ def test_each_launched_mistake_is_named(checker, solution, name, start, edit, wo
 
 @pytest.mark.slow
 def test_a_memory_prediction_is_measured_on_three_ranks(capsys):
-    right = runpy.run_path(str(SOLUTIONS / "06_4.py"))["prediction"]  # the solution asserts its own verdict
+    right = runpy.run_path(str(SOLUTIONS / "08_4.py"))["prediction"]  # the solution asserts its own verdict
     assert not sc.check_memory_prediction({**right, "parameters": 4 * 4865})  # the padding forgotten
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("correct: measured on 3 gloo ranks")

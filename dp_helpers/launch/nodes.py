@@ -1,4 +1,4 @@
-"""Several torchrun "nodes" on one machine, meeting at a c10d rendezvous on 127.0.0.1 (notebook 07)."""
+"""Several torchrun "nodes" on one machine, meeting at a c10d rendezvous on 127.0.0.1 (notebook 09)."""
 
 from __future__ import annotations
 

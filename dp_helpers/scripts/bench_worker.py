@@ -1,4 +1,4 @@
-"""Timings for `python -m dp_helpers bench`, one process per rank: training throughput or all-reduce time (notebook 07)."""
+"""Timings for `python -m dp_helpers bench`, one process per rank: training throughput or all-reduce time (notebook 09)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
-"""DDP's buckets, overlap and communication hooks, measured on a wide MLP (taught in notebook 05).
+"""DDP's own buckets and communication hooks, measured on a wide MLP (taught in notebook 05; precision in 09).
 
---experiment timeline: when each layer's gradient is ready and when each bucket's all-reduce runs.
+(Notebook 04 draws the overlap of all-reduces with the backward and sweeps the bucket cap with its own MiniDDP.)
 --experiment buckets: the bytes of every bucket at steps 0, 1, 2 (DDP rebuilds its buckets once).
---experiment sweep: all-reduces and step time for torch's default cap and several bucket_cap_mb.
 --experiment memory: bytes held by gradients and buckets, with and without gradient_as_bucket_view.
 --experiment fp16: fp16_compress_hook's bytes and its effect on the weights.
 --experiment precision: bytes all-reduced under autocast, with and without a compression hook.
@@ -46,37 +45,6 @@ def step_once(model, info: dph.DistInfo, step: int) -> None:
     bce_loss(model(x), y).backward()
 
 
-def timed_hook(state: dict, bucket):
-    """DDP's all-reduce, noting when each bucket's all-reduce starts and when it completes."""
-    start, index, size = time.perf_counter() - state["t0"], bucket.index(), bucket.buffer().numel() * 4
-
-    def done(fut):
-        """Runs when the all-reduce completes (on the backend's thread)."""
-        state["events"].append({"kind": "all-reduce", "name": f"bucket {index}", "start": start,
-                                "end": time.perf_counter() - state["t0"], "bytes": size})
-        return fut.value()
-
-    return allreduce_hook(None, bucket).then(done)
-
-
-def timeline(info: dph.DistInfo, cap_mb: float) -> list[dict]:
-    """One recorded backward: a 'ready' event per layer's gradient and an all-reduce event per bucket."""
-    model, state = DDP(wide_mlp(info), bucket_cap_mb=cap_mb), {"events": [], "t0": 0.0}
-    model.register_comm_hook(state, timed_hook)
-    for i, layer in enumerate(m for m in model.module.modules() if isinstance(m, torch.nn.Linear)):
-        # fires when the weight's gradient has been accumulated: the moment DDP counts it as ready
-        layer.weight.register_post_accumulate_grad_hook(lambda p, i=i: state["events"].append(
-            {"kind": "gradient ready", "name": f"layer {i}", "start": time.perf_counter() - state["t0"]}))
-    for step in range(3):  # warm-up: DDP rebuilds its buckets after the first iteration
-        step_once(model, info, step)
-    state["events"].clear()
-    dist.barrier()
-    state["t0"] = time.perf_counter()
-    step_once(model, info, 3)
-    state["events"].append({"kind": "backward done", "name": "step", "start": time.perf_counter() - state["t0"]})
-    return state["events"]
-
-
 def recording_hook(state: dict, bucket):
     """DDP's all-reduce, noting each bucket's bytes and the storage it lives in."""
     buffer = bucket.buffer()
@@ -117,17 +85,6 @@ def gradient_memory(info: dph.DistInfo) -> list[dict]:
         grads = {p.grad.untyped_storage().data_ptr(): p.grad.untyped_storage().nbytes() for p in model.parameters()}
         rows.append({"gradient_as_bucket_view": view, "parameter_bytes": sum(p.nbytes for p in model.parameters()),
                      "gradient_storages": len(grads), "bytes_held": sum({**grads, **buckets_held}.values())})
-    return rows
-
-
-def sweep(info: dph.DistInfo, caps: list[float | None], steps: int = 8) -> list[dict]:
-    """All-reduces per step after the rebuild, and the mean step time, for each bucket cap (None: torch's default)."""
-    rows = []
-    for cap in caps:
-        _, per_step = recorded_steps(info, steps + 2, **({} if cap is None else {"bucket_cap_mb": cap}))
-        timed = per_step[2:]  # after DDP's one-time bucket rebuild
-        rows.append({"bucket_cap_mb": cap, "allreduces_per_step": sum(len(s["buckets"]) for s in timed) / steps,
-                     "step_seconds": sum(s["seconds"] for s in timed) / steps})
     return rows
 
 
@@ -182,9 +139,7 @@ def precision(info: dph.DistInfo, steps: int = 5) -> dict:
 
 
 EXPERIMENTS = {
-    "timeline": lambda info, args: timeline(info, args.bucket_cap_mb),
     "buckets": lambda info, args: buckets(info),
-    "sweep": lambda info, args: sweep(info, [None, *args.caps]),
     "memory": lambda info, args: gradient_memory(info),
     "fp16": lambda info, args: fp16(info),
     "precision": lambda info, args: precision(info),
@@ -195,9 +150,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The experiments to run and their settings."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--experiment", choices=sorted(EXPERIMENTS), nargs="+", required=True)
-    parser.add_argument("--bucket-cap-mb", type=float, default=1.0, help="the timeline's bucket cap")
-    parser.add_argument("--caps", type=float, nargs="+", default=[0.25, 1.0, 4.0, 25.0],
-                        help="the sweep's caps, after torch's default")
     return parser.parse_args(argv)
 
 

@@ -1,4 +1,4 @@
-"""Distributed evaluation two ways: over DistributedSampler's padded shards, and over exact shards (notebook 05)."""
+"""Distributed evaluation two ways: over DistributedSampler's padded shards, and over exact shards (notebook 06)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A learner's MyZero1 (notebook 06's exercise) training on every rank, next to one process on the global batch.
+"""A learner's MyZero1 (notebook 08's exercise) training on every rank, next to one process on the global batch.
 
     python -m torch.distributed.run --nproc-per-node 2 -m dp_helpers.scripts.my_zero1_check --module my_zero1.py
 

@@ -1,8 +1,8 @@
-"""The classic DDP mistakes, each run for real next to its fix; a short process-group timeout turns hangs into errors (notebook 05).
+"""The classic DDP mistakes, each run for real next to its fix; a short process-group timeout turns hangs into errors (notebooks 06, 07).
 
 Cases: uneven / uneven-join (ranks with different numbers of batches), rank0-collective /
-rank0-fixed (a collective inside `if rank == 0:`), unused-params / unused-params-fixed, and
-module-prefix (saving the DDP wrapper's state_dict instead of model.module's).
+rank0-fixed (a collective inside `if rank == 0:`) and module-prefix (saving the DDP wrapper's
+state_dict instead of model.module's). An unused parameter's hang is notebook 04's (scripts/from_scratch.py).
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import argparse
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.join import Join
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dp_helpers import dist as dph
 from dp_helpers.models import build_model
@@ -81,24 +80,6 @@ def rank0_collective(info: dph.DistInfo, fixed: bool) -> dict:
     return {"metric": metric.item()}
 
 
-class OneHeadUnused(torch.nn.Module):
-    """A model with a head that forward never uses."""
-
-    def __init__(self):
-        super().__init__()
-        self.used, self.unused = torch.nn.Linear(10, 1), torch.nn.Linear(10, 1)
-
-    def forward(self, x):
-        """Only the used head."""
-        return torch.sigmoid(self.used(x))
-
-
-def unused_params(info: dph.DistInfo, fixed: bool) -> dict:
-    """DDP waits for a gradient that never comes unless told find_unused_parameters=True."""
-    model = DDP(OneHeadUnused().to(info.device), find_unused_parameters=fixed)
-    return {"batches": train_batches(model, 3, info)}
-
-
 def module_prefix(info: dph.DistInfo) -> dict:
     """Load the wrapper's state_dict into a plain model (fails), then model.module's (works)."""
     model, plain = dph.wrap_ddp(build_model("linear", 10, seed=0).to(info.device), info), build_model("linear", 10, seed=1)
@@ -115,8 +96,7 @@ CASES = {
     "uneven": lambda info: uneven(info, join=False), "uneven-join": lambda info: uneven(info, join=True),
     "rank0-collective": lambda info: rank0_collective(info, fixed=False),
     "rank0-fixed": lambda info: rank0_collective(info, fixed=True),
-    "unused-params": lambda info: unused_params(info, fixed=False),
-    "unused-params-fixed": lambda info: unused_params(info, fixed=True), "module-prefix": module_prefix,
+    "module-prefix": module_prefix,
 }
 
 

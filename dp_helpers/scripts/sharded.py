@@ -1,4 +1,4 @@
-"""Sharded data parallelism measured: ZeRO-1/2/3 from scratch, ZeroRedundancyOptimizer and FSDP2 next to DDP (notebook 06).
+"""Sharded data parallelism measured: ZeRO-1/2/3 from scratch, ZeroRedundancyOptimizer and FSDP2 next to DDP (notebook 08).
 
 Run with run_ddp("dp_helpers.scripts.sharded", "--experiment", "weights", "memory", world_size=2); rank 0 writes
 <experiment>.json with every rank's result.

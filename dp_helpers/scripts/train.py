@@ -1,4 +1,4 @@
-"""The source article's DDP example made correct: sampler with set_epoch, rank-0 output, derived device, clean teardown (notebooks 03, 05).
+"""The source article's DDP example made correct: sampler with set_epoch, rank-0 output, derived device, clean teardown (notebooks 03, 05-07).
 
 Run it through `python -m dp_helpers train`, under torchrun:
     python -m torch.distributed.run --standalone --nproc-per-node 2 -m dp_helpers.scripts.train --out runs/x

@@ -1,4 +1,4 @@
-"""Notebook 06's exercise: one ZeRO-1 step. Write step(); the flat buffers around it are given.
+"""Notebook 08's exercise: one ZeRO-1 step. Write step(); the flat buffers around it are given.
 
 check_my_zero1("my_zero1.py") trains with this optimizer on 2 and 3 gloo ranks and compares with one process.
 """

@@ -1,4 +1,4 @@
-"""Notebook 06, exercise 4: the bytes rank 0 of 3 holds under ZeRO-2, predicted by hand, then measured on 3 ranks."""
+"""Notebook 08, exercise 4: the bytes rank 0 of 3 holds under ZeRO-2, predicted by hand, then measured on 3 ranks."""
 
 from dp_helpers.script_check import check_memory_prediction
 
