@@ -122,14 +122,19 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args)
     world_size = plan_world_size(args.world_size, args.backend)
-    steps = check_train_request(cfg, world_size, args.backend, args.oversubscribe, args.max_restarts)
+    steps = check_train_request(cfg, world_size, args.backend, args.oversubscribe, args.max_restarts, args.out)
+    if cfg.checkpoint and Path(cfg.checkpoint).is_file() and not same_file(cfg.checkpoint, cfg.resume):
+        print(f"note: {cfg.checkpoint} already holds a snapshot; this run replaces it after its first epoch "
+              f"(--resume {cfg.checkpoint} would continue it instead).", file=sys.stderr)
     try:
         with ending_recorded(cfg, f"--timeout {args.timeout:g} s" if args.timeout else "", interrupted):
             result = run_ddp("dp_helpers.scripts.train", *cfg.as_args(), world_size=world_size, backend=args.backend,
                              out_dir=args.out, timeout=args.timeout, progress=steps, max_restarts=args.max_restarts)
     except RunTimeoutError as exc:
-        raise RunTimeoutError(f"{exc}\nThe run folder keeps what finished ({exc.run_dir}); raise --timeout, or leave it "
-                              "out: the CLI sets no limit by default.", run_dir=exc.run_dir) from None
+        said = (f"{exc}\nThe run folder keeps what finished ({exc.run_dir}); raise --timeout, or leave it out: the CLI "
+                "sets no limit by default.")
+        log_lines(exc.run_dir, [f"error: {said}"])  # what the CLI prints, kept with the rest
+        raise RunTimeoutError(said, run_dir=exc.run_dir) from None
     except DistributedRunError as exc:
         log_lines(exc.run_dir, [f"error: {exc}"])  # what the CLI prints, kept with the rest
         raise
@@ -137,10 +142,18 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     summary = result.summary
     save_loss_figure(result.run_dir, Path(result.run_dir) / "loss.png", title=run_title(summary))
+    stopped = [f"stopped by {summary['reason']} after epoch {len(summary['epoch_losses'])} of {cfg.epochs}"
+               + (f"; --resume {cfg.checkpoint} continues it" if cfg.checkpoint else "")] \
+        if summary.get("status") == "stopped" else []
     report(result, [f"final loss {summary['final_loss']:.6f} after {summary['steps']} steps on "
-                    f"{result.world_size} x {result.backend} in {result.wall_time:.1f}s",
+                    f"{result.world_size} x {result.backend} in {result.wall_time:.1f}s", *stopped,
                     f"equivalence: {summary['equivalence']}", f"run folder: {result.run_dir}"])
     return 0
+
+
+def same_file(a: str, b: str) -> bool:
+    """Whether two paths name one file (False when either is empty)."""
+    return bool(a and b) and Path(a).resolve() == Path(b).resolve()
 
 
 def interrupted(exc: KeyboardInterrupt) -> str:
@@ -157,6 +170,12 @@ def on_sigterm(signum, frame) -> None:
     raise Terminated()
 
 
+def say(exc: BaseException, line: str) -> None:
+    """Print the CLI's last line, and keep it in the run's console.log when the launcher put a run folder on exc."""
+    print(line, file=sys.stderr)
+    log_lines(getattr(exc, "run_dir", None), [line])
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: bad input and failed runs end in one clear line and a non-zero exit; a bug keeps its traceback."""
     from .launch import DistributedRunError
@@ -171,11 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     except DistributedRunError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    except Terminated:
-        print("terminated (SIGTERM): the run was stopped and no process it started is left running.", file=sys.stderr)
+    except Terminated as exc:
+        say(exc, "terminated (SIGTERM): the run was stopped and no process it started is left running.")
         return 143
-    except KeyboardInterrupt:
-        print("interrupted: the run was stopped and no process it started is left running.", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        say(exc, "interrupted: the run was stopped and no process it started is left running.")
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)

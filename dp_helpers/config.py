@@ -115,6 +115,7 @@ def validate(cfg: TrainConfig, world_size: int = 1) -> None:
     """Refuse a config that cannot train, with one sentence naming the flag and the fix."""
     for f in fields(cfg):
         value, meta = getattr(cfg, f.name), f.metadata
+        check_kind(f.name, value, meta["kind"])
         if meta["minimum"] is not None:
             check_int(f.name, value, meta["minimum"])
         if meta["choices"] is not None:
@@ -133,6 +134,13 @@ def validate(cfg: TrainConfig, world_size: int = 1) -> None:
     if train_samples(cfg) < world_size:
         raise UsageError(f"samples={cfg.samples} is fewer than world_size={world_size}: some ranks would "
                          "only see padding; use more samples or fewer processes.")
+
+
+def check_kind(name: str, value, kind: type) -> None:
+    """Refuse a switch that is not True/False and a word that is not a string (numbers have their own checks)."""
+    wanted = {bool: "True or False", str: "a string"}.get(kind)
+    if wanted and not isinstance(value, kind):
+        raise UsageError(f"{name} must be {wanted}, got {value!r} ({type(value).__name__}).")
 
 
 def check_paths(cfg: TrainConfig) -> None:
@@ -264,12 +272,19 @@ class ShardPlan:
                     f"and the last global batch ({w}x{self.last_batch}) counts them twice.")
         if self.mixes_micro_batch_sizes:
             return (f"not identical to one process with batch {g}: the epoch's last optimizer step accumulates "
-                    f"{self.last_group} micro-batches of {b} and {self.last_batch} samples with equal weights, "
-                    "where one large batch weights every sample equally.")
+                    f"{self.last_group} micro-batches ({plural(self.last_group - 1, 'full one')} of {b} samples and "
+                    f"one of {self.last_batch}) with equal weights, where one large batch weights every sample equally.")
         if self.last_batch != b:
             return (f"identical to one process with batch {g}: each rank's last batch is short "
-                    f"({self.last_batch} samples), and one process ends on the same {w * self.last_batch} samples.")
+                    f"({plural(self.last_batch, 'sample')}), and one process ends on the same {w * self.last_batch} samples.")
         return f"identical to one process with batch {g}: {self.samples} samples split into whole global batches."
+
+
+def plural(n: int, word: str) -> str:
+    """'1 process', '2 processes', '0 full ones': a count and its noun."""
+    if n == 1:
+        return f"1 {word}"
+    return f"{n} {word[:-3] + 'ones' if word.endswith(' one') else word + ('es' if word.endswith('s') else 's')}"
 
 
 def shard_plan(samples: int, world_size: int, batch_size: int, grad_accum_steps: int = 1) -> ShardPlan:

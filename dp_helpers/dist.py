@@ -50,7 +50,7 @@ def torchrun_env() -> tuple[int, int, int, int]:
     if not present:
         return 0, 0, 1, 1
     if len(present) < len(names):
-        raise RuntimeError(f"{', '.join(k for k in names if k not in present)} not set while {', '.join(present)} "
+        raise SystemExit(f"{', '.join(k for k in names if k not in present)} not set while {', '.join(present)} "
                            "is: start the script with torchrun (python -m torch.distributed.run) or alone, not half-way.")
     rank, local_rank, world_size = (int(os.environ[k]) for k in names)
     if world_size > 1 and "TORCHELASTIC_RUN_ID" not in os.environ:  # torchrun sets it for every worker it starts

@@ -29,6 +29,8 @@ from dp_helpers.reference import train_reference
     ({"lr": 0.0}, ValueError, "lr must be a finite number > 0, got 0.0."),
     ({"lr": math.nan}, ValueError, "lr must be a finite number > 0, got nan."),
     ({"lr": "0.1"}, UsageError, "lr must be a number, got '0.1' (str)."),
+    ({"check_grads": "yes"}, UsageError, "check_grads must be True or False, got 'yes' (str)."),
+    ({"checkpoint": None}, UsageError, "checkpoint must be a string, got None (NoneType)."),
     ({"model": "resnet"}, ValueError, "model must be one of linear, mlp, bn, cnn, got 'resnet'."),
     ({"data": "mnist"}, ValueError, "data must be one of synthetic, digits, got 'mnist'."),
     ({"data": "digits"}, UsageError, "--data digits and --model linear do not fit: digits needs --model cnn (10 "

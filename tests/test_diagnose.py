@@ -83,6 +83,14 @@ def test_a_signal_death_is_named_and_shows_the_ranks_last_lines(tmp_path):
     assert "rank 1's last lines: last words\n" in str(err) and len(str(err).splitlines()) <= 5
 
 
+def test_a_rank_that_exited_with_its_own_code_is_named_with_its_last_lines(tmp_path):
+    records(tmp_path, {"rank": 0, "exit_code": 1, "exception": "RuntimeError: Connection reset by peer"},
+            {"rank": 1, "exit_code": 2})
+    err = failure(1, "[rank 1/2] train.py: error: unrecognized arguments: yes\n", tmp_path)
+    assert str(err).startswith("rank 1 failed with exit code 2: exited without an exception (sys.exit")
+    assert "rank 1's last lines: train.py: error: unrecognized arguments: yes" in str(err) and "signal" not in str(err)
+
+
 def test_a_rank_that_died_of_its_peer_comes_second(tmp_path):
     records(tmp_path, {"rank": 0, "exit_code": 1, "exception": "RuntimeError: Connection closed by peer", "timestamp": 4},
             {"rank": 1, "exit_code": 1, "exception": "ValueError: the real one", "timestamp": 5})
@@ -117,6 +125,8 @@ def test_no_failure_reported(tmp_path):
     ([Failure(0, 1, "RuntimeError: Read error: Connection reset by peer", timestamp=3), Failure(1, -9, signal="SIGKILL", timestamp=3)], 1),
     ([Failure(0, -15, signal="SIGTERM", timestamp=2), Failure(1, -9, signal="SIGKILL", timestamp=2)], 1),
     ([Failure(0, -9, signal="SIGKILL", timestamp=2), Failure(1, 1, "ValueError: x", timestamp=2)], 1),  # escalation
+    # sys.exit(3) on rank 1 is its own decision; rank 0's lost connection, though earlier, is the consequence
+    ([Failure(0, 1, "RuntimeError: Connection reset by peer", timestamp=1), Failure(1, 3, timestamp=2)], 1),
 ])
 def test_culprit_order(found, first):
     assert culprit_first(found)[0].rank == first
@@ -164,3 +174,9 @@ def test_several_nodes_are_diagnosed_together(tmp_path):
     (tmp_path / "node0" / "console.log").write_text("[rank 0/4] ...\n")
     err = across_nodes(DistributedRunError("node 0's view", ranks=(0,), exit_code=1), tmp_path)
     assert err.ranks == (3, 0) and err.cause == "ValueError: on node 1"
+
+
+def test_torchrun_stopped_from_outside_is_said_in_one_sentence(tmp_path):
+    log = ("torch.distributed.elastic.multiprocessing.api.SignalException: Process 4242 got signal: 15\n")
+    err = failure(1, log, tmp_path, found=[])
+    assert str(err).startswith("torchrun itself was stopped by SIGTERM from outside") and "no rank failed" in str(err)

@@ -119,7 +119,8 @@ def test_hung_rank_fails_within_the_process_group_timeout(write_script, tmp_path
 def test_timeout_kills_workers_that_ignore_signals(write_script, tmp_path):
     script, pid_dir = write_script(STUBBORN), tmp_path / "pids"
     pid_dir.mkdir()
-    with pytest.raises(RunTimeoutError, match=r"run exceeded timeout=5s and was stopped\. Stopped 3 process"):
+    with pytest.raises(RunTimeoutError, match=r"run exceeded timeout=5s and was stopped\. 3 processes stopped; its out"
+                                              r"put is above\nevery rank's full output: .*console\.log$"):
         run_ddp(script, pid_dir, world_size=2, out_dir=tmp_path / "run", timeout=5)
     pids = [int(p.read_text()) for p in pid_dir.glob("*.pid")]
     assert len(pids) == 2 and pids_alive(pids) == []

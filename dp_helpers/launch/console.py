@@ -10,6 +10,7 @@ import threading
 import time
 from collections import deque
 
+from ..config import plural
 from ..metrics import MetricsTail, metrics_dir
 from .command import GRACE_S, LaunchPlan
 from .diagnose import VICTIM_RE, RunTimeoutError
@@ -36,9 +37,9 @@ class Progress:
         if sys.stderr.isatty() or "ipykernel" in sys.modules:
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=total, desc=f"starting {world_size} processes", unit="step", leave=True)
+            self.bar = tqdm(total=total, desc=f"starting {plural(world_size, 'process')}", unit="step", leave=True)
         else:
-            print(f"starting {world_size} processes for {total} steps", file=sys.stderr, flush=True)
+            print(f"starting {plural(world_size, 'process')} for {total} steps", file=sys.stderr, flush=True)
 
     def update(self, n: int) -> None:
         """n more steps done."""

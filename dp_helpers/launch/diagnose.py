@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -101,7 +102,7 @@ STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")  # how torchrun (or a person) sto
 
 
 def suspicion(f: Failure) -> int:
-    """0: raised its own exception; 1: crashed (SIGSEGV, ...); 2: SIGKILL; 3: a peer's failure or no known cause; 4: stopped."""
+    """0: its own exception; 1: crashed (SIGSEGV, ...); 2: SIGKILL; 3: its own exit code; 4: a peer's failure; 5: stopped."""
     if f.exception and not VICTIM_RE.search(f.exception):
         return 0  # also when a signal followed the exception (an abort during shutdown)
     if f.signal == "SIGKILL":
@@ -110,7 +111,9 @@ def suspicion(f: Failure) -> int:
         return 2
     if f.signal and f.signal not in STOP_SIGNALS:
         return 1
-    return 4 if f.signal else 3
+    if f.signal:
+        return 5
+    return 4 if f.exception else 3  # no exception and no signal: the rank chose to exit (sys.exit(code))
 
 
 def culprit_first(found: list[Failure]) -> list[Failure]:
@@ -138,7 +141,10 @@ def cause_of(failure: Failure) -> str:
     """The exception line, else the signal, else what is known."""
     if failure.exception:
         return failure.exception
-    return f"killed by {failure.signal}" if failure.signal else "no exception recorded (killed by a signal?)"
+    if failure.signal:
+        return f"killed by {failure.signal}"
+    return "exited without an exception (sys.exit or os._exit with that code)" if failure.exit_code > 0 else \
+        "no exception recorded"
 
 
 def describe(first: Failure, others: list[Failure]) -> str:
@@ -166,10 +172,24 @@ def fate(f: Failure) -> str:
     return f"rank {f.rank} exited with code {f.exit_code}" + (f" ({f.signal})" if f.signal else "")
 
 
+def signal_name(number: int) -> str:
+    """'SIGTERM' for 15; 'signal 99' for a number this platform does not name."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
 def failure(rc: int, log: str, run_dir: Path, found: list[Failure] | None = None) -> DistributedRunError:
     """The error for a failed run in a few lines: the culprit and its cause, the others' fate, where the full output is."""
     tail, found = last_lines(log), find_failures(run_dir, log) if found is None else culprit_first(found)
     full = f"every rank's full output and tracebacks: {run_dir / 'console.log'}"
+    stopped = re.search(r"SignalException: Process \d+ got signal: (\d+)", log)
+    if not found and stopped:  # torchrun's agent itself got a signal: from outside (a scheduler, kill), not a rank
+        name = signal_name(int(stopped.group(1)))
+        return DistributedRunError(f"torchrun itself was stopped by {name} from outside (a scheduler or a kill) and "
+                                   f"stopped its workers; no rank failed\n{full}", exit_code=rc, log_tail=tail,
+                                   run_dir=run_dir)
     if not found:
         return DistributedRunError(f"torchrun exited with code {rc} before any rank reported a failure; last output:\n"
                                    f"{last_lines(log, 5)}\n{full}", exit_code=rc, log_tail=tail, run_dir=run_dir)
@@ -178,7 +198,7 @@ def failure(rc: int, log: str, run_dir: Path, found: list[Failure] | None = None
         lines.append("then " + "; ".join(map(fate, found[1:])))
     said = [line.split("] ", 1)[-1] for line in rank_output(log, first.rank)]
     said = [w for w in said if w.strip() and not w[0].isspace() and not w.startswith(("Current thread", "Thread 0x"))]
-    if said and first.exit_code < 0:  # a signal leaves no exception: the rank's last words (not stack frames) are the clue
+    if said and (first.exit_code < 0 or not first.exception):  # a signal or sys.exit: its last words are the clue
         lines.append(f"rank {first.rank}'s last lines: " + " | ".join(w[:160] for w in said[-2:]))
     return DistributedRunError("\n".join([*lines, full]), ranks=tuple(f.rank for f in found),
                                exit_code=first.exit_code, cause=cause_of(first), log_tail=tail, run_dir=run_dir)

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..config import plural
 from ..metrics import metrics_dir, read_metrics
 from .args import check_echo
 from .command import GRACE_S, plan_launch
@@ -65,9 +66,9 @@ def run_ddp(script, *script_args, world_size: int | None = None, backend: str = 
         exc.run_dir = plan.run_dir
         raise
     except RunTimeoutError as exc:
-        stopped = tree.kill()
-        tail = last_lines(console.last()) or "(nothing was printed yet)"
-        raise RunTimeoutError(f"{exc} Stopped {stopped} process(es); last output:\n{tail}",
+        stopped, tail = plural(tree.kill(), "process"), last_lines(console.last())
+        shown = "its output is above" if echo else f"its last output:\n{last_lines(tail, 5) or '(nothing yet)'}"
+        raise RunTimeoutError(f"{exc} {stopped} stopped; {shown}\nevery rank's full output: {console.path}",
                               log_tail=tail, run_dir=plan.run_dir) from None
     finally:  # also on KeyboardInterrupt (the notebook's stop button), which then propagates
         tree.kill()  # stops the tree if it still runs, reaps, stops orphans that outlived torchrun

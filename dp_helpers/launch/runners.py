@@ -18,7 +18,7 @@ def run_train(world_size: int, echo: bool = False, out_dir=None, timeout: float 
     from ..request import check_train_request
 
     cfg = TrainConfig(**changes)
-    check_train_request(cfg, world_size, max_restarts=max_restarts)  # refused in one sentence before anything starts
+    check_train_request(cfg, world_size, max_restarts=max_restarts, out_dir=out_dir)  # one sentence, before any start
     with ending_recorded(cfg, f"timeout {timeout:g} s" if timeout else ""):
         run = run_ddp("dp_helpers.scripts.train", *cfg.as_args(), world_size=world_size, echo=echo,
                       out_dir=out_dir, timeout=timeout, max_restarts=max_restarts)

@@ -14,6 +14,7 @@ import math
 import os
 import signal
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -76,11 +77,19 @@ def prepare_model(cfg: TrainConfig, info: dph.DistInfo):
     return model
 
 
-def after_backward(cfg: TrainConfig):
+def after_backward(cfg: TrainConfig, comm: dict):
     """What runs between backward() and step(): the hand-written all-reduce and/or the identical-gradients check."""
-    actions = ([average_gradients] if cfg.sync == "manual" else []) + \
+    actions = ([lambda m: counted(average_gradients, m, comm)] if cfg.sync == "manual" else []) + \
         ([lambda m: assert_identical_across_ranks([p.grad for p in m.parameters()])] if cfg.check_grads else [])
     return (lambda model: [act(model) for act in actions]) if actions else None
+
+
+def counted(average, model, comm: dict) -> None:
+    """The hand-written all-reduce, counted as counting_hook counts DDP's: one call and its bytes per gradient."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    average(model)
+    comm["allreduces"] += len(grads)
+    comm["bytes"] += sum(g.numel() * g.element_size() for g in grads)
 
 
 def micro_batches(loader, k: int, device):
@@ -111,9 +120,9 @@ def maybe_fail(cfg: TrainConfig, info: dph.DistInfo, epoch: int, index: int) -> 
 
 
 def run_epoch(epoch: int, step: int, model, loader, optimizer, writer: MetricsWriter, cfg: TrainConfig,
-              info: dph.DistInfo) -> tuple[int, float, int]:
+              info: dph.DistInfo, comm: dict) -> tuple[int, float, int]:
     """Train one epoch; returns the next global step, this rank's loss sum and sample count."""
-    loss_sum, count, hook, loss_fn = 0.0, 0, after_backward(cfg), loss_function(cfg)
+    loss_sum, count, hook, loss_fn = 0.0, 0, after_backward(cfg, comm), loss_function(cfg)
     no_sync = getattr(model, "no_sync", None) if cfg.use_no_sync else None
     for index, group in enumerate(micro_batches(loader, cfg.grad_accum_steps, info.device)):
         maybe_fail(cfg, info, epoch, index)
@@ -261,7 +270,7 @@ def train(cfg: TrainConfig, info: dph.DistInfo) -> dict:
     with MetricsWriter(info.run_dir, info.rank, info.world_size, (attempt(), step) if attempt() else None) as writer:
         for epoch in range(first, last):
             sampler.set_epoch(epoch)  # without it every epoch repeats the same order
-            step, loss_sum, count = run_epoch(epoch, step, model, loader, optimizer, writer, cfg, info)
+            step, loss_sum, count = run_epoch(epoch, step, model, loader, optimizer, writer, cfg, info, comm)
             end_of_epoch(history, dph.epoch_mean_loss(loss_sum, count, info), model, held_out, cfg, info, epoch, step)
             if cfg.checkpoint:
                 save_checkpoint(cfg.checkpoint, model, optimizer, epoch + 1, step, history, cfg, info)
@@ -279,6 +288,15 @@ def restarts(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()] if path.is_file() else []
 
 
+def equivalence(cfg: TrainConfig, plan) -> dict:
+    """Whether this run matches one process with the global batch, and why: the sampler's arithmetic, then BatchNorm."""
+    if cfg.model == "bn" and cfg.bn_sync == "none" and plan.world_size > 1:
+        return {"equivalent_to_large_batch": False,
+                "equivalence": f"not identical to one process with batch {plan.global_batch}: each rank's BatchNorm "
+                               "normalises with its own shard's statistics (--bn-sync allreduce makes them global)."}
+    return {"equivalent_to_large_batch": plan.equivalent_to_large_batch, "equivalence": plan.explain()}
+
+
 def make_summary(cfg: TrainConfig, info: dph.DistInfo, step: int, history: dict, comm: dict, seconds: float) -> dict:
     """What summary.json records about the run."""
     plan = shard_plan(train_samples(cfg), info.world_size, cfg.batch_size, cfg.grad_accum_steps)
@@ -287,14 +305,14 @@ def make_summary(cfg: TrainConfig, info: dph.DistInfo, step: int, history: dict,
     ended = {"status": "stopped", "reason": f"--stop-after {cfg.stop_after}"} \
         if cfg.stop_after and len(losses) < cfg.epochs else {"status": "finished"}
     return {**ended, "checkpoint": cfg.checkpoint or None, "config": cfg.as_dict(), "world_size": info.world_size,
-            "backend": info.backend, "sync": cfg.sync,
+            "backend": info.backend, "sync": cfg.sync if cfg.strategy != "fsdp" else None,  # fsdp: fully_shard's own
             "device": str(info.device), "global_batch_size": plan.global_batch,
             "steps": step, "epoch_losses": losses, "final_loss": losses[-1] if losses else None, **scores,
             "final_accuracy": scores["held_out_accuracy"][-1] if scores.get("held_out_accuracy") else None,
             "restarts": len(resumes), "resumed": resumes,
             "allreduce_calls": comm["allreduces"], "allreduce_bytes": comm["bytes"],
             "padded_samples_per_epoch": plan.padded, "last_batch_size": plan.last_batch,
-            "equivalent_to_large_batch": plan.equivalent_to_large_batch, "equivalence": plan.explain(),
+            **equivalence(cfg, plan),
             "train_seconds": round(seconds, 3), "torch": torch.__version__}
 
 
@@ -317,6 +335,9 @@ def main(argv: list[str] | None = None) -> None:
     """Parse flags, then train as one rank of the group (a group of one without torchrun)."""
     args = worker_parser().parse_args(argv)
     cfg = config_from_args(args)
+    # torch 2.13 deprecates torch.distributed.nn.functional.all_reduce (GlobalBatchNorm1d's differentiable all-reduce)
+    # and warns on every call, on every rank; its suggested replacement is private API
+    warnings.filterwarnings("ignore", "torch.distributed.nn.functional.all_reduce is deprecated", FutureWarning)
 
     def run(info: dph.DistInfo) -> None:
         """Check the config against the world size, train, say where the results are."""
