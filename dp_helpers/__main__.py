@@ -123,9 +123,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     world_size = plan_world_size(args.world_size, args.backend)
     steps = check_train_request(cfg, world_size, args.backend, args.oversubscribe, args.max_restarts, args.out)
-    if cfg.checkpoint and Path(cfg.checkpoint).is_file() and not same_file(cfg.checkpoint, cfg.resume):
-        print(f"note: {cfg.checkpoint} already holds a snapshot; this run replaces it after its first epoch "
-              f"(--resume {cfg.checkpoint} would continue it instead).", file=sys.stderr)
     try:
         with ending_recorded(cfg, f"--timeout {args.timeout:g} s" if args.timeout else "", interrupted):
             result = run_ddp("dp_helpers.scripts.train", *cfg.as_args(), world_size=world_size, backend=args.backend,
@@ -149,11 +146,6 @@ def cmd_train(args: argparse.Namespace) -> int:
                     f"{result.world_size} x {result.backend} in {result.wall_time:.1f}s", *stopped,
                     f"equivalence: {summary['equivalence']}", f"run folder: {result.run_dir}"])
     return 0
-
-
-def same_file(a: str, b: str) -> bool:
-    """Whether two paths name one file (False when either is empty)."""
-    return bool(a and b) and Path(a).resolve() == Path(b).resolve()
 
 
 def interrupted(exc: KeyboardInterrupt) -> str:

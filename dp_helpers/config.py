@@ -77,7 +77,8 @@ class TrainConfig:
     bn_sync: str = option("none", "with --model bn: per-rank statistics (none), an all-reduce by hand, or "
                                   "SyncBatchNorm (GPUs)", choices=BN_SYNCS)
     checkpoint: str = option("", "after every epoch rank 0 saves model, optimizer, epoch and history here (written "
-                                 "whole, then renamed into place); a restart resumes from it")
+                                 "whole, then renamed into place; a file already there is replaced); a restart resumes "
+                                 "from it")
     resume: str = option("", "continue from this checkpoint (every rank loads it)")
     stop_after: int = option(0, "stop after this many epochs, as if interrupted (0: never)", minimum=0)
     fail_at: str = option("", "EPOCH:RANK: that rank kills itself (SIGKILL) halfway through that epoch (1-based), "

@@ -53,12 +53,28 @@ def test_far_more_cpu_processes_than_cores_needs_a_flag(capsys, tmp_path):
     (["--strategy", "fsdp", "--sync", "manual"], "--strategy fsdp cannot be combined with --sync manual"),
     (["--strategy", "zero1", "--check-grads", "--checkpoint", "c.pt"], "with --check-grads or --checkpoint"),
     (["--bn-sync", "allreduce"], "only means something for model 'bn'"),
+    (["--strategy", "fsdp", "--max-restarts", "1"], "restarts that resume are available with --strategy ddp"),
+    (["--epochs", "3", "--stop-after", "1", "--fail-at", "3:1"], "--fail-at 3:1 would never fire: this run trains only "
+                                                                 "epoch 1"),
 ])
 def test_flags_that_cannot_work_here(capsys, tmp_path, argv, words):
     if torch.cuda.device_count() >= 2 and "syncbn" in argv:
         pytest.skip("with two GPUs SyncBatchNorm runs")
     assert words in refused(capsys, *argv, "--out", str(tmp_path / "r"))
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("inside", ["model.pt", "summary.json", "metrics/ck.pt"])
+def test_a_checkpoint_among_the_run_folders_own_files_is_refused(capsys, tmp_path, inside):
+    (tmp_path / "r" / "metrics").mkdir(parents=True)  # an empty run folder (metrics/ made by hand to reach the check)
+    err = refused(capsys, "--checkpoint", str(tmp_path / "r" / inside), "--out", str(tmp_path / "r"))
+    assert f"is the run folder's own {inside}" in err
+
+
+def test_a_resumed_fault_in_an_epoch_already_trained_is_refused(capsys, tmp_path):
+    three = checkpoint(tmp_path / "three.pt", epoch=3)
+    assert "would never fire: this run trains only epochs 4 to 10" in refused(
+        capsys, "--resume", three, "--fail-at", "2:1", "--out", str(tmp_path / "r"))
 
 
 def test_resume_is_checked_before_anything_starts(capsys, tmp_path):

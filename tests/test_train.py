@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from dp_helpers.__main__ import main
-from dp_helpers.config import TrainConfig, validate
+from dp_helpers.config import TrainConfig, shard_plan, validate
 from dp_helpers.reference import train_reference
 from dp_helpers.request import progress_steps
 from dp_helpers.scripts import train as train_script
@@ -186,6 +186,8 @@ def test_hand_written_all_reduce_equals_ddp_and_one_process(tmp_path, pools, cli
     """Averaging gradients with all_reduce after backward (no DDP wrapper) == DDP == one process with the global batch."""
     manual = launch_train(pools, tmp_path / "manual", 2, sync="manual", check_grads=True)
     assert manual.summary["sync"] == "manual"
+    # one all-reduce per gradient tensor and step (the linear model: weight and bias), counted as DDP's buckets are
+    assert manual.summary["allreduce_calls"] == 2 * manual.summary["steps"] and manual.summary["allreduce_bytes"] > 0
     torch.testing.assert_close(final_weights(manual.run_dir), final_weights(cli_run[0]))
     torch.testing.assert_close(final_weights(manual.run_dir), train_reference(TrainConfig(batch_size=20)).state_dict)
 
@@ -251,3 +253,11 @@ def test_under_a_launcher_the_script_leaves_the_record_to_it(tmp_path, monkeypat
             world_size=1, run_dir=tmp_path)):
         raise KeyboardInterrupt
     assert not (tmp_path / "summary.json").exists()
+
+
+@pytest.mark.parametrize("bn_sync, world_size, identical", [("none", 2, False), ("allreduce", 2, True), ("none", 1, True)])
+def test_the_summary_says_when_per_rank_batchnorm_breaks_the_equivalence(bn_sync, world_size, identical):
+    cfg = TrainConfig(model="bn", bn_sync=bn_sync)
+    said = train_script.equivalence(cfg, shard_plan(cfg.samples, world_size, cfg.batch_size))
+    assert said["equivalent_to_large_batch"] == identical
+    assert ("its own shard's statistics" in said["equivalence"]) != identical
