@@ -56,3 +56,22 @@ def test_strip_volatile_drops_widget_outputs(tmp_path):
     nb = nbformat.read(make_notebook(tmp_path / "01_a.ipynb", widget=True), as_version=4)
     nbtools.strip_volatile(nb)
     assert nb.cells[-1].outputs == []
+
+
+def test_a_listing_that_no_longer_matches_the_package_is_named():
+    from dp_helpers.mini_ddp import broadcast_state
+    from dp_helpers.show import source
+
+    shown = source(broadcast_state, torch_no_sync()) + "\n"
+    assert nbtools.stale_parts(shown) == []  # today's source, and torch's own part (not checked)
+    head, first, *rest = shown.splitlines()
+    assert nbtools.stale_parts("\n".join([head, first + "  # edited since", *rest])) == [head.removeprefix("# ")]
+    moved = head.rsplit(" ", 1)[0] + f" {int(head.rsplit(' ', 1)[1]) + 1}"  # the function moved down a line
+    assert nbtools.stale_parts("\n".join([moved, first, *rest])) == [moved.removeprefix("# ")]
+    assert nbtools.stale_parts("# dp_helpers/gone.py, line 3\ndef f(): ...") == ["dp_helpers/gone.py"]
+
+
+def torch_no_sync():
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel.no_sync

@@ -12,6 +12,7 @@ import argparse
 import inspect
 import re
 import sys
+import textwrap
 from pathlib import Path
 
 import nbformat
@@ -44,7 +45,39 @@ def problems(path: Path) -> list[str]:
         found.append("the first cell is not a '# Title' markdown cell")
     text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
     found += [f"no '{heading}' section" for heading in SKELETON if heading not in text]
+    return found + stale_listings(code)
+
+
+LISTING = re.compile(r"^# (\S+?)(?:, line (\d+))?$", re.M)  # show()'s head of each part: a path in the repo or torch's name
+OURS = ("dp_helpers/", "examples/", "solutions/", "benchmarks/", "tools/")
+
+
+def stale_listings(code: list) -> list[str]:
+    """The show() listings of this repository's files that no longer match those files (the run is older than them)."""
+    found = []
+    for i, cell in enumerate(code, 1):
+        for out in cell.outputs:
+            shown = out.get("data", {}).get("text/plain", "") if out.output_type in ("display_data", "execute_result") else ""
+            found += [f"code cell {i} shows {where} as it was: re-execute the notebook" for where in stale_parts(shown)]
     return found
+
+
+def stale_parts(shown: str) -> list[str]:
+    """Each '# path[, line N]' part of a listing whose lines differ from the file now (a missing file counts)."""
+    heads, stale = list(LISTING.finditer(shown)), []
+    for head, after in zip(heads, [*heads[1:], None][:len(heads)], strict=True):
+        if not head.group(1).startswith(OURS):
+            continue  # torch's own source: it changes with the installed version, not with this repository
+        lines = shown[head.end():after.start() if after else len(shown)].strip("\n").splitlines()
+        path = NOTEBOOKS.parent / head.group(1)
+        if not path.is_file():
+            stale.append(head.group(1))
+            continue
+        start = int(head.group(2) or 1) - 1
+        current = path.read_text(encoding="utf-8").splitlines()[start:start + len(lines)]
+        if textwrap.dedent("\n".join(current)).rstrip() != "\n".join(lines).rstrip():
+            stale.append(f"{head.group(1)}" + (f", line {head.group(2)}" if head.group(2) else ""))
+    return stale
 
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
