@@ -1,4 +1,4 @@
-"""nn.DataParallel's forward as four steps: replicate, scatter, parallel_apply, gather (taught in notebook 02).
+"""nn.DataParallel's forward as four steps: scatter, replicate, parallel_apply, gather (taught in notebook 02).
 
 With CUDA devices these call the real `torch.nn.parallel` primitives. With CPU "devices" they
 emulate them with the same semantics: replicas whose parameters are autograd copies of the
