@@ -10,10 +10,6 @@ from dp_helpers import script_check as sc
 from dp_helpers.exercises import SOLUTIONS
 
 SOLUTION = (SOLUTIONS / "00_1.py").read_text()
-RANK_0_SAVES = "    if rank == 0:\n        torch.save("
-SAMPLER = ("    sampler = DistributedSampler(dataset, shuffle=True, seed=0)  # this rank's share, shuffled as one device did\n"
-           "    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)\n")
-SET_EPOCH = "        sampler.set_epoch(epoch)  # a new order every epoch, the same on every rank\n"
 REDUCE = "        dist.all_reduce(total)  # every rank: the sums over all ranks\n        if rank == 0:\n"
 JOINED = "    rank = dist.get_rank()\n"
 
@@ -27,15 +23,9 @@ def mistake(*edits: tuple[str, str]) -> str:
     return text
 
 
-# the mistakes the exercise names, each with the words its sentence must hold
+# the mistakes launched for real, each with the words its sentence must hold: the two only real ranks can show (a
+# collective that one rank skips, a rank that never returns); the others are judged from records below
 MISTAKES = {
-    "no set_epoch": (mistake((SET_EPOCH, "")), "call sampler.set_epoch(epoch)"),
-    "no sampler": (mistake((SAMPLER, "    loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True)\n"),
-                           (SET_EPOCH, "")), "no DistributedSampler"),
-    "saving on every rank": (mistake((RANK_0_SAVES, "    if True:\n        torch.save(")), "rank 1 saved too"),
-    "a division too many": (mistake(("loss = nn.functional.mse_loss(model(x), y)",
-                                     "loss = nn.functional.mse_loss(model(x), y) / dist.get_world_size()")),
-                            "2x too small: DDP already averages"),
     "a collective inside if rank == 0": (mistake((REDUCE, "        if rank == 0:\n            dist.all_reduce(total)\n")),
                                          "rank 0 waited in all_reduce (its collective number 1) for rank(s) [1]"),
     "a hang": (mistake((JOINED, JOINED + "    while rank == 1:  # stuck for ever\n        pass\n")),
@@ -98,6 +88,22 @@ def outcome(**changes) -> sc.Outcome:
 def test_what_was_saved_or_printed_is_checked(change, words):
     assert words in sc.output_problem(outcome(**change))
     assert sc.output_problem(outcome()) is None
+
+
+def test_no_set_epoch_and_saving_on_every_rank_are_named_from_the_records():
+    same_order = outcome()
+    for e in same_order.probes[0]:
+        if e["event"] == "__iter__":
+            e["epoch"] = 0  # every epoch iterated the sampler at epoch 0: set_epoch never called
+    assert "call sampler.set_epoch(epoch) at the start of every epoch" in sc.setup_problem(same_order, 2)
+    both = outcome()
+    both.probes[1].append({"event": "save", "phase": "start", "path": "w.pt", "keys": ["weight", "bias"]})
+    assert "rank 1 saved too: only rank 0 may write the file" in sc.output_problem(both)
+
+
+def test_a_loss_divided_by_the_world_size_again_is_named():
+    halved = sc.Outcome(sc.one_device(sc.LR / 2).weights, [])  # what dividing the loss by 2 ranks gives
+    assert "2x too small: DDP already averages them" in sc.result_problem(halved, sc.one_device(), 2)
 
 
 def test_each_piece_of_the_recipe_is_named():
@@ -166,16 +172,8 @@ def test_a_rank_s_own_exception_and_a_group_that_never_formed_are_named(tmp_path
 
 
 CORE = (SOLUTIONS / "04_3.py").read_text()
-LOOP = ("        while self.next < len(self.buckets) and all(p in self.ready_params for p in self.buckets[self.next]):\n"
-        "            self.launch(self.next)  # every rank launches the buckets in this one order\n"
-        "            self.next += 1\n")
-AT_THE_END = "        if len(self.ready_params) == sum(map(len, self.buckets)):\n            for k in {}:\n                self.launch(k)\n"
 CORE_MISTAKES = {  # launched for real; the other mistakes are judged from records below
     "summed": ((" / dist.get_world_size()", ""), "your gradients are 2x DDP's"),
-    "launched after the backward": ((LOOP, AT_THE_END.format("range(len(self.buckets))")),
-                                    "every all-reduce started after the last gradient was ready"),
-    "if instead of while": ((LOOP, LOOP.replace("while self.next", "if self.next")),
-                            "reverse order of their registration, the buckets launched were [0] of [0, 1]"),
     "waited in launch": (("        self.pending.append((k, flat, dist.all_reduce(flat, async_op=True)))",
                           "        work = dist.all_reduce(flat, async_op=True)\n        work.wait()\n"
                           "        self.pending.append((k, flat, work))"),
@@ -196,6 +194,8 @@ def core_step(order: str, ratio: float = 1.0, gap: float = 0.0) -> dict:
     ("rrrr0r1rr22", 1.0, 0.0, "the buckets launched were [0, 1, 2, 2]"),
     ("rrrr0r1rr2", 0.5, 0.5, "1/2 of DDP's: they are divided by the world size twice"),
     ("rrrr0r1rr2", 1.0, 0.3, "your gradients differ from DDP's by up to 0.3"),
+    ("rrrrrrrrr012", 1.0, 0.0, "every all-reduce started after the last gradient was ready"),  # launched at the end
+    ("rrrr0rrrr", 1.0, 0.0, "the buckets launched were [0] of [0, 1, 2]"),  # `if` where `while` launches the rest
 ])
 def test_each_bucket_or_gradient_mistake_is_named(order, ratio, gap, words):
     step = core_step(order, ratio, gap)
@@ -219,11 +219,7 @@ def test_the_ddp_core_skeleton_is_not_launched(tmp_path, capsys, monkeypatch):
 
 
 ZERO1 = (SOLUTIONS / "08_3.py").read_text()
-ZERO1_MISTAKES = {
-    "an all-reduce": (("        mine = torch.empty(self.chunk)\n        reduce_scatter(mine, self.flat(p.grad for p in self.params))",
-                       "        full_grad = self.flat(p.grad for p in self.params)\n        dist.all_reduce(full_grad)\n"
-                       "        mine = full_grad[self.rank * self.chunk:(self.rank + 1) * self.chunk]"),
-                      "all-reduced the whole gradient"),
+ZERO1_MISTAKES = {  # launched for real; an all-reduce instead of the reduce-scatter is judged from records below
     "no division": (("        mine /= self.world_size  # the average gradient\n", ""), "used the sum of the ranks' gradients"),
 }
 
@@ -237,6 +233,7 @@ def zero1_record(names=("reduce_scatter_single", "all_gather_single"), state=123
 @pytest.mark.parametrize("ranks, words", [
     ([zero1_record(), zero1_record()], None),
     ([zero1_record(names=("reduce_scatter_single",))] * 2, "ZeRO-1 needs one reduce-scatter and one all-gather"),
+    ([zero1_record(names=("all_reduce", "all_gather_single"))] * 2, "all-reduced the whole gradient"),
     ([zero1_record(state=2465)] * 2, "the ranks keep [2465, 2465] values of optimizer state: each needs only its chunk, 1233"),
     ([zero1_record(), zero1_record(weights=(2.0,))], "all-gather every rank's updated chunk"),
     ([zero1_record(gap=0.4)] * 2, "update exactly its own chunk"),
