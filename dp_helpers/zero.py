@@ -31,6 +31,15 @@ def storage_bytes(tensors) -> int:
     return sum(storages.values())
 
 
+def activation_bytes(model: nn.Module, inputs: torch.Tensor) -> int:
+    """Bytes autograd keeps for the backward of one forward (the activations), parameters left out (notebook 08)."""
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        model(inputs)  # every tensor the backward will need passes through the pack hook
+    return storage_bytes(t for t in saved if t.untyped_storage().data_ptr() not in weights)
+
+
 def local(t: torch.Tensor | None) -> torch.Tensor | None:
     """A DTensor's local shard (FSDP2's parameters, gradients and Adam state), any other tensor itself."""
     return t.to_local() if hasattr(t, "to_local") else t

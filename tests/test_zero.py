@@ -114,3 +114,13 @@ def test_flat_views_alias_one_padded_buffer():
     assert flat.buffer[5] == 42.0 and torch.equal(flat.views[0], a)
     assert torch.equal(flat.chunk(3), flat.buffer[9:12])
     assert zero.storage_bytes(flat.views + [flat.chunk(0)]) == 12 * 4
+
+
+def test_activation_bytes_count_what_the_backward_keeps_and_not_the_weights():
+    from dp_helpers.zero import activation_bytes
+
+    model = torch.nn.Sequential(torch.nn.Linear(10, 4), torch.nn.Tanh())
+    # the linear layer keeps its input (8 x 10 floats), tanh its output (8 x 4); the weight it also keeps is not counted
+    assert activation_bytes(model, torch.randn(8, 10)) == 4 * (8 * 10 + 8 * 4)
+    with torch.no_grad():
+        assert activation_bytes(model, torch.randn(8, 10)) == 0  # no graph, nothing kept
