@@ -227,24 +227,29 @@ def plot_ring_schedule(world_size: int, ax=None):
 
 
 def plot_backward_timeline(events: list[dict], ax=None):
-    """Gantt chart of one DDP backward: when each layer's gradient is ready, and each bucket's all-reduce; returns the Axes."""
+    """Gantt chart of one backward: its compute, when each layer's gradients are ready, each all-reduce; returns the Axes."""
     ax = _get_ax(ax)
     ready = [e for e in events if e["kind"] == "gradient ready"]
     buckets = sorted((e for e in events if e["kind"] == "all-reduce"), key=lambda e: e["start"])
-    for i, e in enumerate(ready):
-        ax.plot([1e3 * e["start"]] * 2, [-0.4, 0.4], color="C0")
-        # staggered over three heights: gradients of one layer are ready within microseconds of each other
-        ax.text(1e3 * e["start"], 0.5 - 0.3 * (i % 3), e["name"].replace("layer ", "L"), ha="center", fontsize="x-small")
-    for row, e in enumerate(buckets, start=1):
+    if ready:  # the backward computes gradients from its start until the last one is ready
+        ax.barh(0, 1e3 * max(e["start"] for e in ready), left=0, color="lightgray", height=0.6)
+    layers = defaultdict(list)  # a layer's weight and bias are ready within microseconds: one label for both
+    for e in ready:
+        ax.plot([1e3 * e["start"]] * 2, [0.6, 1.4], color="C0")
+        layers[e["name"].replace("layer ", "L").split(".")[0]].append(1e3 * e["start"])
+    for i, (layer, times) in enumerate(layers.items()):
+        ax.text(sum(times) / len(times), 0.55 if i % 2 else 1.45, f"layer {layer}", ha="center",
+                va="bottom" if i % 2 else "top", fontsize="x-small", color="C0")
+    for row, e in enumerate(buckets, start=2):
         ax.barh(row, 1e3 * (e["end"] - e["start"]), left=1e3 * e["start"], color="C1", height=0.6)
         ax.text(1e3 * e["end"], row, f" {_size(e['bytes'])}", va="center", fontsize="x-small")
     done = [e["start"] for e in events if e["kind"] == "backward done"]
     if done:  # labelled at the top rather than in a legend, which would hide the last bars
         ax.axvline(1e3 * done[0], color="gray", linestyle=":")
         ax.text(1e3 * done[0], -0.6, "backward returns ", ha="right", va="bottom", fontsize="x-small", color="gray")
-    ax.set_yticks(range(len(buckets) + 1), ["gradients ready"] + [e["name"] for e in buckets])
+    ax.set_yticks(range(len(buckets) + 2), ["backward (compute)", "gradients ready"] + [e["name"] for e in buckets])
     ax.invert_yaxis()
-    ax.set_xlabel("ms since the backward started")
+    ax.set_xlabel("ms since the backward started (an all-reduce's bar: launched to completed, waiting included)")
     ax.set_title("computation (top) and bucket all-reduces (bars) overlap")
     return ax
 
@@ -306,10 +311,20 @@ def plot_bandwidth(result: dict, ax=None):
     mib = [r["bytes"] / 2**20 for r in rows]
     ax.plot(mib, [r["busbw_all_reduce_GBps"] for r in rows], "o-", label="dist.all_reduce")
     ax.plot(mib, [r["busbw_ring_GBps"] for r in rows], "s--", label="ring_all_reduce (ours)")
-    ax.set(xscale="log", xlabel="message size (MiB)", ylabel="bus bandwidth (GB/s)",
+    ax.set(xscale="log", xlabel="message size", ylabel="bus bandwidth (GB/s)",
            title=f"all-reduce on {rows[0]['world_size']} ranks")
+    measured_ticks(ax, mib, [_size(r["bytes"]) for r in rows])
     ax.legend(fontsize="small")
     return ax
+
+
+def measured_ticks(ax, values: list, labels: list[str] | None = None) -> None:
+    """Ticks at the measured values only, labelled plainly: a log axis otherwise labels 6x10^1 and 4x10^2."""
+    from matplotlib.ticker import NullFormatter, NullLocator
+
+    ax.set_xticks(values, labels or [f"{v:g}" for v in values])
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_minor_formatter(NullFormatter())
 
 
 def plot_efficiency_vs_batch(result: dict, ax=None):
@@ -321,6 +336,7 @@ def plot_efficiency_vs_batch(result: dict, ax=None):
     ax.axhline(1.0, color="gray", linestyle=":")
     ax.set(xscale="log", xlabel="per-process batch", ylabel="DDP / ceiling", ylim=(0, 1.1),
            title="more compute per step hides the all-reduce")
+    measured_ticks(ax, [r["batch"] for r in rows])
     ax.legend(fontsize="small")
     return ax
 
@@ -333,12 +349,17 @@ def plot_memory_per_rank(held: dict, predicted: dict | None = None, ax=None):
         values = [held[n][part] / 2**10 for n in names]
         ax.bar(range(len(names)), values, bottom=bottom, color=f"C{i}", label=part)
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-    if predicted:
-        xs = [i for i, n in enumerate(names) if n in predicted]
-        ax.plot(xs, [sum(predicted[names[i]].values()) / 2**10 for i in xs], "k_", markersize=30, label="formula")
-    ax.set_xticks(range(len(names)), names, rotation=15)
+    for i, name in enumerate(names):  # the formula as a black frame: it coincides with the bar when they agree
+        formula = sum(predicted[name].values()) / 2**10 if predicted and name in predicted else None
+        if formula is not None:
+            ax.bar(i, formula, fill=False, edgecolor="black", linewidth=1.5, label="formula" if i == 0 else None)
+        said = f"{bottom[i]:,.0f}" + ("" if formula is None else " = formula" if abs(formula - bottom[i]) < 0.5 / 2**10
+                                      else f"\n(formula {formula:,.0f})")
+        ax.text(i, max(bottom[i], formula or 0), said, ha="center", va="bottom", fontsize="x-small")
+    ax.set_xticks(range(len(names)), [n.replace("ZeroRedundancyOptimizer", "ZeroRedundancy-\nOptimizer") for n in names])
     ax.set_ylabel("KiB held by one rank")
-    ax.legend(fontsize="small")
+    ax.set_ylim(top=1.15 * max(bottom))
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return ax
 
 

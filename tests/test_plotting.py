@@ -92,10 +92,13 @@ def test_memory_bars_stack_the_three_parts_in_kib():
 
     held = {"DDP": {"parameters": 1024, "gradients": 1024, "optimizer state": 2048},
             "ZeRO-3": {"parameters": 512, "gradients": 512, "optimizer state": 1024}}
-    ax = plot_memory_per_rank(held, {"DDP": held["DDP"]})
-    assert [round(p.get_height(), 3) for p in ax.patches] == [1.0, 0.5, 1.0, 0.5, 2.0, 1.0]
-    assert [round(p.get_y(), 3) for p in ax.patches][4:] == [2.0, 1.0]  # state on top of parameters + gradients
-    assert list(ax.get_lines()[0].get_ydata()) == [4.0]  # the formula's total, DDP only
+    ax = plot_memory_per_rank(held, {"DDP": held["DDP"], "ZeRO-3": {"parameters": 1024, "gradients": 0,
+                                                                   "optimizer state": 0}})
+    assert [round(p.get_height(), 3) for p in ax.patches[:6]] == [1.0, 0.5, 1.0, 0.5, 2.0, 1.0]
+    assert [round(p.get_y(), 3) for p in ax.patches][4:6] == [2.0, 1.0]  # state on top of parameters + gradients
+    frames = [p for p in ax.patches[6:] if not p.get_fill()]  # the formula's totals, drawn as frames
+    assert [round(p.get_height(), 3) for p in frames] == [4.0, 1.0]
+    assert [t.get_text() for t in ax.texts] == ["4 = formula", "2\n(formula 1)"]  # a disagreement is written out
     plt.close("all")
 
 
@@ -116,3 +119,27 @@ def test_plot_run_colours_ranks_apart_and_draws_epoch_means(tmp_path):
     from dp_helpers.metrics import read_metrics
 
     assert epoch_means(read_metrics(tmp_path)) == ([1, 3], [2.0, 4.0])  # (1+2+2+3)/4 and (3+4+4+5)/4
+
+
+def test_log_axes_are_labelled_at_the_measured_values():
+    from dp_helpers.plotting import plot_bandwidth, plot_efficiency_vs_batch
+
+    ax = plot_efficiency_vs_batch({"batch_sweep": [{"batch": 64, "efficiency_vs_ceiling_2": 0.4},
+                                                   {"batch": 512, "efficiency_vs_ceiling_2": 0.8}]})
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["64", "512"] and not ax.get_xticklabels(minor=True)
+    rows = [{"bytes": n, "busbw_all_reduce_GBps": 1.0, "busbw_ring_GBps": 1.0, "world_size": 2} for n in (2**16, 2**24)]
+    assert [t.get_text() for t in plot_bandwidth({"allreduce": rows}).get_xticklabels()] == ["64 KiB", "16.0 MiB"]
+    plt.close("all")
+
+
+def test_the_backward_timeline_has_a_compute_row_and_one_label_per_layer():
+    from dp_helpers.plotting import plot_backward_timeline
+
+    events = [{"kind": "gradient ready", "name": f"{layer}.{p}", "start": t}
+              for layer, t in (("2", 0.001), ("0", 0.003)) for p in ("weight", "bias")]
+    events += [{"kind": "all-reduce", "name": "bucket 0", "start": 0.0015, "end": 0.004, "bytes": 2**20}]
+    ax = plot_backward_timeline(events)
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["backward (compute)", "gradients ready", "bucket 0"]
+    assert [t.get_text() for t in ax.texts if t.get_text().startswith("layer")] == ["layer 2", "layer 0"]
+    assert round(ax.patches[0].get_width(), 6) == 3.0  # compute: from 0 to the last gradient, in ms
+    plt.close("all")
