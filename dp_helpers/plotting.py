@@ -385,3 +385,39 @@ def plot_ddp_picture(world_size: int = 2, ax=None):
     ax.axis("off")
     ax.set_title(f"one training step of DistributedDataParallel on {world_size} processes")
     return ax
+
+
+ZERO_STAGES = [  # what a rank keeps of parameters, gradients and optimizer state (True: a 1/W shard), and what it sends
+    ("DDP", (False, False, False), "16 Ψ", "all-reduce the gradients: 2(W−1)/W · Ψ"),
+    ("ZeRO-1", (False, False, True), "8 Ψ + 8 Ψ / W", "reduce-scatter the gradients, all-gather the\nparameters: "
+                                                      "the same bytes as DDP"),
+    ("ZeRO-2", (False, True, True), "4 Ψ + 12 Ψ / W", "the same collectives; the full gradient\nis dropped after its "
+                                                       "reduce-scatter"),
+    ("ZeRO-3", (True, True, True), "16 Ψ / W", "all-gather each layer's parameters in the forward\nand again in the "
+                                               "backward: 1.5 × DDP's bytes"),
+]
+
+
+def plot_zero_stages(world_size: int = 4, ax=None):
+    """What each rank holds and sends per ZeRO stage (fp32 Adam: 4 + 4 + 8 bytes per parameter); returns the Axes."""
+    ax = _get_ax(ax)
+    parts = ("parameters", "gradients", "optimizer state")
+    for row, (name, sharded, held, sent) in enumerate(ZERO_STAGES):
+        y = len(ZERO_STAGES) - 1 - row
+        for rank in range(world_size):
+            for k, (part, shard) in enumerate(zip(parts, sharded, strict=True)):
+                left, width = (rank + 0.9 * rank / world_size, 0.9 / world_size) if shard else (rank, 0.9)
+                ax.barh(y + 0.22 * (1 - k), 0.9, left=rank, height=0.18, color="none", edgecolor="lightgray")
+                ax.barh(y + 0.22 * (1 - k), width, left=left if shard else rank, height=0.18, color=f"C{k}",
+                        label=part if (row, rank) == (0, 0) else None)
+        ax.text(-0.1, y, f"{name}\n{held}", ha="right", va="center", fontsize="small")
+        ax.text(world_size + 0.05, y, sent, ha="left", va="center", fontsize="x-small")
+    ax.set_xticks([r + 0.45 for r in range(world_size)], [f"rank {r}" for r in range(world_size)])
+    ax.set_yticks([])
+    ax.set_xlim(-1.6, world_size + 3.2)
+    ax.set_ylim(-0.6, len(ZERO_STAGES) - 0.4)
+    for side in ("left", "right", "top"):
+        ax.spines[side].set_visible(False)
+    ax.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.4, 1.12), ncol=3, frameon=False)
+    ax.set_title(f"what each of {world_size} ranks holds (coloured: kept; grey frame: the whole)", pad=22)
+    return ax

@@ -143,3 +143,14 @@ def test_the_backward_timeline_has_a_compute_row_and_one_label_per_layer():
     assert [t.get_text() for t in ax.texts if t.get_text().startswith("layer")] == ["layer 2", "layer 0"]
     assert round(ax.patches[0].get_width(), 6) == 3.0  # compute: from 0 to the last gradient, in ms
     plt.close("all")
+
+
+def test_the_zero_stages_picture_shards_one_more_part_per_stage():
+    from dp_helpers.plotting import plot_zero_stages
+
+    ax = plot_zero_stages(4)
+    kept = [p for p in ax.patches if p.get_facecolor()[3] > 0]  # the coloured bars, a frame behind each
+    widths = [round(p.get_width(), 3) for p in kept]
+    assert len(kept) == 4 * 4 * 3 and widths.count(0.225) == 4 * (1 + 2 + 3)  # stage s shards s of the 3 parts
+    assert [p.get_x() for p in kept if p.get_width() < 0.5][:4] == [0.0, 1.225, 2.45, 3.675]  # rank r: the r-th quarter
+    plt.close("all")
