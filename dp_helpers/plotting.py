@@ -421,3 +421,43 @@ def plot_zero_stages(world_size: int = 4, ax=None):
     ax.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.4, 1.12), ncol=3, frameon=False)
     ax.set_title(f"what each of {world_size} ranks holds (coloured: kept; grey frame: the whole)", pad=22)
     return ax
+
+
+def ring_buffers(world_size: int) -> list[list[list[frozenset]]]:
+    """Each rank's buffer after every step of the ring (ring_schedule's sends): whose values each chunk sums."""
+    from .collectives import ring_schedule
+
+    state = [[frozenset([r]) for _ in range(world_size)] for r in range(world_size)]
+    states, schedule = [state], ring_schedule(world_size)
+    for phase in ("reduce-scatter", "all-gather"):
+        for step in range(world_size - 1):
+            new = [row[:] for row in state]
+            for st in (s for s in schedule if (s.phase, s.step) == (phase, step)):  # every rank sends at once
+                right = (st.rank + 1) % world_size
+                new[right][st.send] = state[right][st.send] | state[st.rank][st.send] if phase == "reduce-scatter" \
+                    else state[st.rank][st.send]
+            state = new
+            states.append(state)
+    return states
+
+
+def plot_ring_buffers(world_size: int = 4, ax=None):
+    """Every rank's buffer, chunk by chunk, after each step of the ring all-reduce: how many ranks' values it sums."""
+    import numpy as np
+
+    ax = _get_ax(ax)
+    states, w = ring_buffers(world_size), world_size
+    grid = np.full((w, len(states) * (w + 1) - 1), np.nan)
+    for k, state in enumerate(states):
+        for rank, row in enumerate(state):
+            for chunk, summed in enumerate(row):
+                grid[rank, k * (w + 1) + chunk] = len(summed)
+                ax.text(k * (w + 1) + chunk, rank, "Σ" if len(summed) == w else str(len(summed)), ha="center",
+                        va="center", fontsize="x-small", color="white" if len(summed) == w else "black")
+    ax.imshow(grid, cmap="Blues", vmin=0, vmax=w + 1, aspect="auto")
+    names = ["start"] + [f"RS {s + 1}" for s in range(w - 1)] + [f"AG {s + 1}" for s in range(w - 1)]
+    ax.set_xticks([k * (w + 1) + (w - 1) / 2 for k in range(len(states))], names)
+    ax.set_yticks(range(w), [f"rank {r}" for r in range(w)])
+    ax.tick_params(length=0)
+    ax.set_title(f"each rank's {w} chunks after every step: how many ranks' values a chunk sums (Σ: all {w})")
+    return ax

@@ -154,3 +154,16 @@ def test_the_zero_stages_picture_shards_one_more_part_per_stage():
     assert len(kept) == 4 * 4 * 3 and widths.count(0.225) == 4 * (1 + 2 + 3)  # stage s shards s of the 3 parts
     assert [p.get_x() for p in kept if p.get_width() < 0.5][:4] == [0.0, 1.225, 2.45, 3.675]  # rank r: the r-th quarter
     plt.close("all")
+
+
+def test_the_ring_buffers_follow_the_schedule_to_every_sum_on_every_rank():
+    from dp_helpers.plotting import plot_ring_buffers, ring_buffers
+
+    for w in (2, 3, 4):
+        states = ring_buffers(w)
+        after_rs = states[w - 1]  # rank r then holds the whole sum of chunk (r + 1) mod W (notebook 03's claim)
+        assert all(after_rs[r][(r + 1) % w] == frozenset(range(w)) for r in range(w))
+        assert all(c == frozenset(range(w)) for row in states[-1] for c in row) and len(states) == 2 * (w - 1) + 1
+    ax = plot_ring_buffers(3)
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["start", "RS 1", "RS 2", "AG 1", "AG 2"]
+    plt.close("all")
