@@ -87,7 +87,7 @@ def module_prefix(info: dph.DistInfo) -> dict:
         plain.load_state_dict(model.state_dict())
         error = ""
     except RuntimeError as exc:
-        error = str(exc).strip().splitlines()[0] + " " + str(exc).strip().splitlines()[-1].strip()
+        error = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())  # every line torch wrote
     plain.load_state_dict(model.module.state_dict())
     return {"wrapper_keys": list(model.state_dict()), "error": error, "module_keys": list(model.module.state_dict())}
 
