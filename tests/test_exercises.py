@@ -274,14 +274,18 @@ def test_the_exact_evaluation_checker_runs_ranks_and_names_each_mistake(wrong, w
     assert out[0].startswith("correct") and words in out[1]
 
 
-def atomic_save(state, path):
-    tmp = f"{path}.tmp"
+def save_through(tmp, state, path):
+    """Write to tmp, rename onto path; on failure remove tmp and re-raise."""
     try:
         torch.save(state, tmp)
         os.replace(tmp, path)
     except BaseException:
         os.remove(tmp) if os.path.exists(tmp) else None
         raise
+
+
+def atomic_save(state, path):
+    save_through(f"{path}.tmp", state, path)
 
 
 def save_in_place(state, path):
@@ -294,13 +298,7 @@ def save_without_clean_up(state, path):
 
 
 def save_elsewhere(state, path):
-    tmp = os.path.join(os.path.dirname(os.path.dirname(path)), "elsewhere.tmp")
-    try:
-        torch.save(state, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        os.remove(tmp) if os.path.exists(tmp) else None
-        raise
+    save_through(os.path.join(os.path.dirname(os.path.dirname(path)), "elsewhere.tmp"), state, path)
 
 
 def save_quietly(state, path):
