@@ -273,7 +273,7 @@ class ShardPlan:
                     f"and the last global batch ({w}x{self.last_batch}) counts them twice.")
         if self.mixes_micro_batch_sizes:
             return (f"not identical to one process with batch {g}: the epoch's last optimizer step accumulates "
-                    f"{self.last_group} micro-batches ({plural(self.last_group - 1, 'full one')} of {b} samples and "
+                    f"{self.last_group} micro-batches ({plural(self.last_group - 1, 'full one', 'full ones')} of {b} samples and "
                     f"one of {self.last_batch}) with equal weights, where one large batch weights every sample equally.")
         if self.last_batch != b:
             return (f"identical to one process with batch {g}: each rank's last batch is short "
@@ -281,11 +281,9 @@ class ShardPlan:
         return f"identical to one process with batch {g}: {self.samples} samples split into whole global batches."
 
 
-def plural(n: int, word: str) -> str:
-    """'1 process', '2 processes', '0 full ones': a count and its noun."""
-    if n == 1:
-        return f"1 {word}"
-    return f"{n} {word[:-3] + 'ones' if word.endswith(' one') else word + ('es' if word.endswith('s') else 's')}"
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """'1 sample', '2 samples'; irregular plurals given: plural(2, 'process', 'processes')."""
+    return f"{n} {word if n == 1 else many or word + 's'}"
 
 
 def shard_plan(samples: int, world_size: int, batch_size: int, grad_accum_steps: int = 1) -> ShardPlan:

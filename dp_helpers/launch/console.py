@@ -37,9 +37,9 @@ class Progress:
         if sys.stderr.isatty() or "ipykernel" in sys.modules:
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=total, desc=f"starting {plural(world_size, 'process')}", unit="step", leave=True)
+            self.bar = tqdm(total=total, desc=f"starting {plural(world_size, 'process', 'processes')}", unit="step", leave=True)
         else:
-            print(f"starting {plural(world_size, 'process')} for {total} steps", file=sys.stderr, flush=True)
+            print(f"starting {plural(world_size, 'process', 'processes')} for {total} steps", file=sys.stderr, flush=True)
 
     def update(self, n: int) -> None:
         """n more steps done."""

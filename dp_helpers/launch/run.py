@@ -66,7 +66,7 @@ def run_ddp(script, *script_args, world_size: int | None = None, backend: str = 
         exc.run_dir = plan.run_dir
         raise
     except RunTimeoutError as exc:
-        stopped, tail = plural(tree.kill(), "process"), last_lines(console.last())
+        stopped, tail = plural(tree.kill(), "process", "processes"), last_lines(console.last())
         shown = "its output is above" if echo else f"its last output:\n{last_lines(tail, 5) or '(nothing yet)'}"
         raise RunTimeoutError(f"{exc} {stopped} stopped; {shown}\nevery rank's full output: {console.path}",
                               log_tail=tail, run_dir=plan.run_dir) from None
