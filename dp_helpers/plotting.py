@@ -255,10 +255,10 @@ def plot_backward_timeline(events: list[dict], ax=None):
 
 
 def _size(n_bytes: int) -> str:
-    """1.0 MiB, 22 KiB below a tenth of a MiB, 4 B below a KiB."""
+    """16 MiB or 1.5 MiB from a MiB up, 256 KiB below it, 4 B below a KiB."""
     if n_bytes < 2**10:
         return f"{n_bytes} B"
-    return f"{n_bytes / 2**20:.1f} MiB" if n_bytes >= 2**20 / 10 else f"{n_bytes / 2**10:.0f} KiB"
+    return f"{n_bytes / 2**20:.3g} MiB" if n_bytes >= 2**20 else f"{n_bytes / 2**10:.0f} KiB"
 
 
 def plot_bucket_sweep(rows: list[dict], ax=None):

@@ -127,8 +127,9 @@ def test_log_axes_are_labelled_at_the_measured_values():
     ax = plot_efficiency_vs_batch({"batch_sweep": [{"batch": 64, "efficiency_vs_ceiling_2": 0.4},
                                                    {"batch": 512, "efficiency_vs_ceiling_2": 0.8}]})
     assert [t.get_text() for t in ax.get_xticklabels()] == ["64", "512"] and not ax.get_xticklabels(minor=True)
-    rows = [{"bytes": n, "busbw_all_reduce_GBps": 1.0, "busbw_ring_GBps": 1.0, "world_size": 2} for n in (2**16, 2**24)]
-    assert [t.get_text() for t in plot_bandwidth({"allreduce": rows}).get_xticklabels()] == ["64 KiB", "16.0 MiB"]
+    rows = [{"bytes": n, "busbw_all_reduce_GBps": 1.0, "busbw_ring_GBps": 1.0, "world_size": 2} for n in (2**16, 2**18, 2**20, 3 * 2**19, 2**24)]
+    labels = [t.get_text() for t in plot_bandwidth({"allreduce": rows}).get_xticklabels()]
+    assert labels == ["64 KiB", "256 KiB", "1 MiB", "1.5 MiB", "16 MiB"]
     plt.close("all")
 
 
