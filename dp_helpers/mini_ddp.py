@@ -4,9 +4,10 @@
 2. `HookAllReduce`: a hook per parameter all-reduces its gradient the moment `.grad` is final.
 3. `AsyncAllReduce`: the same all-reduce started asynchronously, waited for once the backward is done.
 4. `assign_buckets` + `MiniDDP`: gradients grouped into flat buckets of about `bucket_cap_mb`, one all-reduce
-   per bucket, in the reverse of registration order (the order the backward produces them), as DDP does.
+   per bucket, first in the reverse of registration order, then rebuilt once in the order the backward produced them.
 5. `MiniDDP(find_unused_parameters=True)`: `unreached` walks the forward's graph, and the parameters it misses
-   are marked ready with zero gradients, so every bucket is still all-reduced.
+   (or the backward never reached) are marked ready contributing zeros, so every bucket is still all-reduced;
+   a parameter no rank used keeps its `.grad`, as with DDP.
 All run inside a process group (a script under torchrun, or a test's rank pool).
 """
 
@@ -139,13 +140,17 @@ class Timeline:
         self.ends = []
 
 
-def assign_buckets(sizes: list[int], cap: int) -> list[list[int]]:
-    """Group tensors (byte sizes, in order) greedily: a bucket closes once it holds >= cap bytes, the crossing tensor included."""
+def assign_buckets(sizes: list[int], caps: int | list[int]) -> list[list[int]]:
+    """Group tensors (byte sizes, in order) greedily: a bucket closes once it holds >= its cap, the crossing tensor included.
+
+    With a list of caps the first bucket gets caps[0], the next caps[1], ..., every later one caps[-1] (torch's rule).
+    """
+    caps = [caps] if isinstance(caps, int) else list(caps)
     buckets, current, filled = [], [], 0
     for i, size in enumerate(sizes):
         current.append(i)
         filled += size
-        if filled >= cap:
+        if filled >= caps[min(len(buckets), len(caps) - 1)]:
             buckets.append(current)
             current, filled = [], 0
     return buckets + ([current] if current else [])
@@ -170,36 +175,72 @@ class Bucket:
         return len(self.ready) == len(self.params)
 
     def launch(self, world_size: int) -> None:
-        """Copy the gradients in (divided by world_size) and start the all-reduce."""
+        """Copy the gradients in (divided by world_size; zeros where this rank has none) and start the all-reduce."""
         for p, view in self.slices():
-            view.copy_(p.grad).div_(world_size)
+            if p.grad is None:  # a parameter this rank's forward or backward did not reach
+                view.zero_()
+            else:
+                view.copy_(p.grad).div_(world_size)
         self.work = dist.all_reduce(self.buffer, async_op=True)
 
-    def finish(self) -> None:
-        """Wait for the all-reduce and copy the averaged gradients back into .grad."""
+    def finish(self, unused_everywhere=frozenset()) -> None:
+        """Wait for the all-reduce and write the averaged gradients into .grad (untouched where no rank used the parameter)."""
         if self.work is None:  # DDP's find_unused_parameters=True exists for this case
             missing = len(self.params) - len(self.ready)
             raise RuntimeError(f"a bucket of {len(self.params)} parameter(s) was never all-reduced: {missing} got no "
                                "gradient in this backward (an unused parameter: see find_unused_parameters).")
         self.work.wait()
         for p, view in self.slices():
-            p.grad.copy_(view)
+            if p in unused_everywhere:
+                continue
+            if p.grad is None:
+                p.grad = view.clone()
+            else:
+                p.grad.copy_(view)
+
+
+def ddp_caps(bucket_cap_mb: float | None) -> list[int]:
+    """DDP's bucket caps in bytes: under the default (None: 25 MiB) a first bucket of only 1 MiB, else the cap throughout."""
+    if bucket_cap_mb is None:
+        return [dist._DEFAULT_FIRST_BUCKET_BYTES, 25 * 2**20]
+    if not isinstance(bucket_cap_mb, (int, float)) or bucket_cap_mb <= 0:
+        raise ValueError(f"bucket_cap_mb must be a positive number of MiB or None (DDP's default), got {bucket_cap_mb!r}.")
+    return [int(bucket_cap_mb * 2**20)]
 
 
 class MiniDDP(AsyncAllReduce):
-    """Step 4: the hooks fill buckets (last layer first, ~bucket_cap_mb each); full buckets are all-reduced in order."""
+    """Step 4: the hooks fill buckets of ~bucket_cap_mb; full buckets are all-reduced in order, last layer's first.
 
-    def __init__(self, module: nn.Module, bucket_cap_mb: float = 25.0, find_unused_parameters: bool = False):
+    The first buckets follow the reverse of registration order; after the first backward they are rebuilt once in
+    the order the gradients really became ready (rank 0's order on every rank), as DDP's reducer does. Where it
+    differs from DDP: DDP's first iteration puts every parameter in one bucket; MiniDDP copies gradients into its
+    buckets (no gradient_as_bucket_view), needs one dtype and device, and has no communication hooks.
+    """
+
+    def __init__(self, module: nn.Module, bucket_cap_mb: float | None = None, find_unused_parameters: bool = False):
         super().__init__(module)
-        # the backward produces the last layer's gradients first: fill buckets from the end (DDP records that
-        # order during its first backward, then rebuilds its buckets along it)
-        params = [p for p in reversed(list(module.parameters())) if p.requires_grad]
-        if len({(p.dtype, p.device) for p in params}) > 1:  # DDP keeps a bucket per dtype and device; ours does not
+        self.params = [p for p in module.parameters() if p.requires_grad]  # a tied weight once; frozen ones not at all
+        if len({(p.dtype, p.device) for p in self.params}) > 1:  # DDP keeps a bucket per dtype and device; ours does not
             raise ValueError("MiniDDP needs every trained parameter on one device with one dtype.")
-        groups = assign_buckets([p.numel() * p.element_size() for p in params], int(bucket_cap_mb * 2**20))
-        self.buckets = [Bucket([params[i] for i in group]) for group in groups]
+        self.caps, self.find_unused, self.unused, self.order = ddp_caps(bucket_cap_mb), find_unused_parameters, [], []
+        self.index = {p: i for i, p in enumerate(self.params)}
+        groups = assign_buckets([p.numel() * p.element_size() for p in self.params], self.caps)
+        self.make_buckets([[self.params[i] for i in group] for group in reversed(groups)])  # DDP's first guess
+        self.rebuilt = find_unused_parameters  # DDP never rebuilds with find_unused_parameters=True
+
+    def make_buckets(self, groups: list[list[nn.Parameter]]) -> None:
+        """Buckets for these groups of parameters, all-reduced in this order."""
+        self.buckets, self.next = [Bucket(group) for group in groups], 0
         self.bucket_of = {p: b for b in self.buckets for p in b.params}
-        self.next, self.find_unused, self.unused = 0, find_unused_parameters, []
+
+    def rebuild(self) -> None:
+        """Regroup along the order observed in the last backward, rank 0's on every rank (DDP's one rebuild)."""
+        order = torch.tensor([self.index[p] for p in self.order])
+        dist.broadcast(order, 0)  # ranks may see different orders; all must bucket alike
+        params = [self.params[i] for i in order.tolist()]
+        groups = assign_buckets([p.numel() * p.element_size() for p in params], self.caps)
+        self.make_buckets([[params[i] for i in group] for group in groups])
+        self.rebuilt, self.order = True, []
 
     def launch(self, param: nn.Parameter) -> None:
         """Mark param ready; all-reduce every full bucket whose turn has come (all ranks must launch in one order)."""
@@ -208,6 +249,8 @@ class MiniDDP(AsyncAllReduce):
             raise RuntimeError(f"{self.names[param]} was marked ready twice in one backward: it got a gradient although "
                                "the last forward did not use it (two forwards before one backward?).")
         bucket.ready.add(param)
+        if not self.rebuilt:
+            self.order.append(param)
         while self.next < len(self.buckets) and self.buckets[self.next].full():
             bucket = self.buckets[self.next]
             bucket.launch(dist.get_world_size())
@@ -215,28 +258,45 @@ class MiniDDP(AsyncAllReduce):
             self.allreduces, self.next = self.allreduces + 1, self.next + 1
 
     def wait(self) -> None:
-        """Finish every bucket's all-reduce, in launch order; then every bucket is empty again, even after an error."""
+        """Finish this backward's all-reduces in launch order (a no-op when none is pending); then every bucket is empty."""
+        if not any(b.ready for b in self.buckets):
+            return  # no backward since the last wait: waiting again changes nothing
         try:
+            skipped = self.unused_everywhere() if self.find_unused else frozenset()
             for bucket in self.buckets:
-                bucket.finish()
+                bucket.finish(skipped)
         finally:
             for bucket in self.buckets:
                 bucket.ready, bucket.work = set(), None
             self.next = 0
 
+    def finish_backward(self) -> None:
+        """The engine callback; with find_unused_parameters, what this backward never reached counts as unused first."""
+        if self.find_unused:  # e.g. behind a forward output that the loss ignored
+            for p in [p for p in self.params if p not in self.bucket_of[p].ready]:
+                self.launch(p)
+        super().finish_backward()
+
+    def unused_everywhere(self) -> frozenset:
+        """The parameters no rank has a gradient for (one all-reduce of a flag per parameter, as DDP's used map)."""
+        flags = torch.tensor([float(p.grad is not None) for p in self.params])
+        dist.all_reduce(flags)
+        return frozenset(p for p, f in zip(self.params, flags.tolist(), strict=True) if f == 0)
+
     def forward(self, *args, **kwargs):
-        """The module's forward; with find_unused_parameters, also find the parameters its graph does not reach."""
+        """The module's forward: rebuild first if a backward has shown the order; note what the graph does not reach."""
+        if torch.is_grad_enabled() and self.sync and not self.rebuilt and self.order:
+            self.rebuild()
         out = self.module(*args, **kwargs)
         if self.find_unused and torch.is_grad_enabled():
-            self.unused = unreached(out, list(self.bucket_of))
+            self.unused = unreached(out, self.params)
         return out
 
     def reduce(self, param: nn.Parameter) -> None:
-        """As before; on the backward's first hook, also mark the unused parameters ready, with zero gradients (as DDP)."""
+        """As before; on the backward's first hook, also mark the parameters the forward did not reach (as DDP)."""
         first = self.sync and not self.waiting
         super().reduce(param)
         for p in self.unused if first else []:
-            p.grad = torch.zeros_like(p) if p.grad is None else p.grad
             self.launch(p)
         if first:
             self.unused = []  # this forward's set is used up: the next backward needs a new forward

@@ -154,17 +154,17 @@ def forward_inside_no_sync(info) -> list[bool]:
         with model.no_sync() if inside else contextlib.nullcontext():
             out = model(x, use_b=False)  # head b unused: found by the walk, also inside no_sync
         bce_loss(out, y).backward()
-        grads.append([p.grad.clone() for p in model.module.parameters()])
+        grads.append([None if p.grad is None else p.grad.clone() for p in model.module.parameters()])
     model.zero_grad()
     loss = bce_loss(model(x, use_b=True), y) + bce_loss(model(x, use_b=False), y)  # the second forward's set is wrong
     with pytest.raises(RuntimeError, match=r"b\.(weight|bias) was marked ready twice"):
         loss.backward()
-    return [torch.equal(a, b) for a, b in zip(*grads, strict=True)]
+    return [a is b is None or torch.equal(a, b) for a, b in zip(*grads, strict=True)] + [grads[0][4] is None]
 
 
 @pytest.mark.slow
 def test_unused_parameters_come_from_the_forward_before_the_backward(pools):
-    assert pools.get(1).run(forward_inside_no_sync)[0] == [True] * 6
+    assert pools.get(1).run(forward_inside_no_sync)[0] == [True] * 7  # the last: b.weight.grad stays None, as with DDP
 
 
 def test_unreached_finds_the_head_the_forward_skipped():
@@ -206,3 +206,108 @@ def test_the_from_scratch_script(pools):
         close(weights, runs[0])  # MiniDDP and DDP agree when head b is used on rank 0 only
     assert [r["mini_bucket_bytes"] == r["ddp_bucket_bytes"] for r in zero["sweep"]] == [True, True]
     assert [r["allreduces_per_step"] for r in zero["sweep"]] == [8, 1]
+
+
+class HeadFirst(nn.Module):
+    """The head is registered first but used last, so gradients become ready in an order registration does not give."""
+
+    def __init__(self, width: int = 64):
+        super().__init__()
+        self.head, self.body = nn.Linear(width, 1), nn.Sequential(nn.Linear(10, width), nn.ReLU(), nn.Linear(width, width))
+
+    def forward(self, x):
+        return torch.sigmoid(self.head(torch.relu(self.body(x)))).squeeze(1)
+
+
+class Tied(nn.Module):
+    """One weight in two places (as tied embeddings): `up.weight is down.weight`, and `down` applied twice."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp, self.up, self.down, self.out = nn.Linear(10, 16), nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 1)
+        self.down.weight = self.up.weight
+
+    def forward(self, x):
+        h = torch.relu(self.down(torch.relu(self.up(torch.relu(self.inp(x))))))
+        return torch.sigmoid(self.out(torch.relu(self.down(h)))).squeeze(1)
+
+
+class Frozen(nn.Sequential):
+    """The first layer frozen (requires_grad=False), as when fine-tuning."""
+
+    def __init__(self):
+        super().__init__(nn.Linear(10, 16), nn.ReLU(), nn.Linear(16, 1), nn.Sigmoid(), nn.Flatten(0))
+        self[0].requires_grad_(False)
+
+
+class TwoOutputs(nn.Module):
+    """Returns (prediction, auxiliary output); the loss uses only the first, so `aux` gets no gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.head, self.aux = nn.Linear(10, 16), nn.Linear(16, 1), nn.Linear(16, 3)
+
+    def forward(self, x):
+        h = torch.relu(self.body(x))
+        return torch.sigmoid(self.head(h)).squeeze(1), self.aux(h)
+
+
+CASES = {"head registered first": (HeadFirst, {}), "head registered first, cap 0.01 MiB": (HeadFirst, {"bucket_cap_mb": 0.01}),
+         "tied weights": (Tied, {"bucket_cap_mb": 0.001}), "frozen layer": (Frozen, {"bucket_cap_mb": 0.001}),
+         "an output the loss ignores": (TwoOutputs, {"find_unused_parameters": True, "bucket_cap_mb": 0.001})}
+
+
+def train_case(model, data, rank: int, world: int) -> dict:
+    """Three SGD steps with momentum on this rank's rows; the final weights and which gradients stayed None."""
+    torch.manual_seed(0)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.3, momentum=0.9)
+    rows = len(data[0][0]) // world
+    for x, y in data:
+        opt.zero_grad()
+        out = model(x[rank * rows:(rank + 1) * rows])
+        bce_loss(out[0] if isinstance(out, tuple) else out, y[rank * rows:(rank + 1) * rows]).backward()
+        opt.step()
+    inner = getattr(model, "module", model)
+    return {"state": {k: v.detach().clone() for k, v in inner.state_dict().items()},
+            "no_grad": [n for n, p in inner.named_parameters() if p.grad is None]}
+
+
+def every_case(info) -> dict:
+    """MiniDDP and DDP, same settings, per case: weights, gradients left None, bucket bytes after the rebuild."""
+    out, data = {}, batches(world=info.world_size)
+    for case, (make, kwargs) in CASES.items():
+        for name, wrap in {"MiniDDP": mini_ddp.MiniDDP, "DDP": DDP}.items():
+            torch.manual_seed(info.rank)  # different starts: the constructor's broadcast must fix them
+            model = wrap(make(), **kwargs)
+            out[case, name] = train_case(model, data, info.rank, info.world_size)
+            out[case, name]["buckets"] = ([b.buffer.numel() * 4 for b in model.buckets] if name == "MiniDDP" else
+                                          None if kwargs.get("find_unused_parameters") else
+                                          [int(s) for s in str(model._get_ddp_logging_data()["rebuilt_bucket_sizes"]).split(",")])
+            model.wait() if name == "MiniDDP" else None  # after the backward's own wait: a no-op
+    return out
+
+
+@pytest.mark.slow
+def test_minddp_equals_ddp_and_one_process_beyond_a_plain_mlp(pools):
+    ranks = pools.get(2).run(every_case)
+    for case, (make, _) in CASES.items():
+        torch.manual_seed(0)
+        one = train_case(make(), batches(world=2), 0, 1)  # rank 0's start, the global batch
+        for name in ("MiniDDP", "DDP"):
+            got = ranks[0][case, name]
+            torch.testing.assert_close(got["state"], one["state"], msg=lambda m, c=case, n=name: f"{c}, {n}: {m}")
+            assert got["no_grad"] == one["no_grad"], (case, name)  # frozen and never-reached parameters keep .grad None
+        mini, ddp = ranks[0][case, "MiniDDP"]["buckets"], ranks[0][case, "DDP"]["buckets"]
+        assert ddp is None or mini == ddp, (case, mini, ddp)  # rebuilt along the observed order: DDP's buckets
+    sizes = [p.numel() * 4 for p in HeadFirst().parameters()]
+    guess = [sum(sizes[i] for i in group) for group in reversed(mini_ddp.assign_buckets(sizes, 2**20 // 100))]
+    assert ranks[0]["head registered first, cap 0.01 MiB", "MiniDDP"]["buckets"] != guess  # the rebuild changed them
+    assert ranks[0]["an output the loss ignores", "MiniDDP"]["no_grad"] == ["aux.weight", "aux.bias"]
+
+
+def test_bucket_caps_are_ddps():
+    assert mini_ddp.ddp_caps(None) == [2**20, 25 * 2**20]  # under the default, a small first bucket
+    assert mini_ddp.ddp_caps(4) == [4 * 2**20]
+    assert mini_ddp.assign_buckets([3, 3, 3, 3], [3, 6]) == [[0], [1, 2], [3]]
+    with pytest.raises(ValueError, match="bucket_cap_mb must be a positive number"):
+        mini_ddp.ddp_caps(0)
