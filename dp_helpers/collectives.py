@@ -132,22 +132,28 @@ class GlobalBatchNorm1d(torch.nn.BatchNorm1d):
     """BatchNorm1d whose training statistics come from the whole global batch, by differentiable all-reduces."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Normalise with the global batch's mean and (biased) variance; update running stats as BatchNorm does."""
+        """Normalise (N, C) or (N, C, L) with the global batch's per-channel mean and biased variance, as SyncBatchNorm."""
         if not (self.training and dist.is_available() and dist.is_initialized()):
-            return super().forward(x)
-        from torch.distributed.nn.functional import (
-            all_reduce,  # its backward all-reduces the gradients too
-        )
+            return super().forward(x)  # evaluation uses the running statistics, as every BatchNorm
+        self._check_input_dim(x)
+        from torch.distributed.nn.functional import all_reduce  # noqa: I001 (its backward all-reduces the gradients too)
 
-        count = all_reduce(torch.tensor([float(len(x))], device=x.device, dtype=x.dtype))
-        mean = all_reduce(x.sum(0)) / count
-        var = all_reduce(((x - mean) ** 2).sum(0)) / count  # two passes, as BatchNorm, for accuracy
-        with torch.no_grad():
-            m = self.momentum
-            self.running_mean.mul_(1 - m).add_(m * mean)
-            self.running_var.mul_(1 - m).add_(m * var * count / (count - 1))  # unbiased, as BatchNorm
-            self.num_batches_tracked += 1
-        return (x - mean) / torch.sqrt(var + self.eps) * self.weight + self.bias
+        dims, shape = [0, *range(2, x.dim())], [1, -1] + [1] * (x.dim() - 2)  # every axis but the channels'
+        count = all_reduce(torch.tensor([float(x.numel() // x.shape[1])], device=x.device, dtype=x.dtype))
+        mean = all_reduce(x.sum(dims)) / count  # N * L values per channel on every rank together
+        var = all_reduce(((x - mean.view(shape)) ** 2).sum(dims)) / count  # two passes, as BatchNorm, for accuracy
+        if self.track_running_stats:
+            self.update_running_stats(mean, var, count)
+        y = (x - mean.view(shape)) / torch.sqrt(var.view(shape) + self.eps)
+        return y * self.weight.view(shape) + self.bias.view(shape) if self.affine else y
+
+    @torch.no_grad()
+    def update_running_stats(self, mean: torch.Tensor, var: torch.Tensor, count: torch.Tensor) -> None:
+        """As BatchNorm: a moving average (cumulative with momentum=None) of the mean and the unbiased variance."""
+        self.num_batches_tracked += 1
+        m = 1 / self.num_batches_tracked.item() if self.momentum is None else self.momentum
+        self.running_mean.mul_(1 - m).add_(m * mean)
+        self.running_var.mul_(1 - m).add_(m * var * count / (count - 1))
 
     @classmethod
     def convert(cls, module: torch.nn.Module) -> torch.nn.Module:

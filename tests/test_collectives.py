@@ -4,6 +4,8 @@ The source article's two scripts and mp.spawn in a kernel are run and checked in
 """
 
 
+import math
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -125,3 +127,55 @@ def ring_on_a_transposed_view(info) -> bool:
 @pytest.mark.slow
 def test_ring_on_a_non_contiguous_tensor(pools):
     assert pools.get(3).run(ring_on_a_transposed_view) == [True] * 3
+
+
+BN_CASES = [((3, 4), {}), ((3, 4, 5), {}), ((3, 4, 5), {"affine": False}), ((3, 4), {"momentum": None}),
+            ((3, 4, 5), {"momentum": None, "affine": False}), ((3, 4, 5), {"track_running_stats": False})]
+
+
+def bn_rows(world: int, shape: tuple, step: int) -> list[torch.Tensor]:
+    """Each rank's input at one step; rank r holds 3 + r samples (unequal shards), the global batch is their concatenation."""
+    gen = torch.Generator().manual_seed(step)
+    return [torch.randn(shape[0] + r, *shape[1:], generator=gen) * 3 + 1 for r in range(world)]
+
+
+def bn_steps(info, shape: tuple, kwargs: dict) -> dict:
+    """Three training forwards and backwards of GlobalBatchNorm1d on this rank's rows, then one in eval mode."""
+    from dp_helpers.collectives import GlobalBatchNorm1d
+
+    torch.manual_seed(0)
+    bn, outs, grads = GlobalBatchNorm1d(shape[1], **kwargs), [], []
+    for step in range(3):
+        x = bn_rows(info.world_size, shape, step)[info.rank].requires_grad_()
+        out = bn(x)
+        (out * torch.arange(out.numel()).view_as(out)).sum().backward()  # a loss that weighs every output differently
+        outs, grads = outs + [out.detach()], grads + [x.grad]
+    bn.eval()
+    outs.append(bn(bn_rows(info.world_size, shape, 9)[info.rank]).detach())
+    params = {n: p.grad for n, p in bn.named_parameters()}  # this rank's share: DDP would average them
+    return {"outs": outs, "input_grads": grads, "state": bn.state_dict(), "param_grads": params}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("shape", "kwargs"), BN_CASES)
+def test_global_batchnorm_is_batchnorm_on_the_global_batch(pools, shape, kwargs):
+    ranks = pools.get(2).run(bn_steps, shape, kwargs)
+    torch.manual_seed(0)
+    bn, outs, grads = torch.nn.BatchNorm1d(shape[1], **kwargs), [], []
+    for step in range(3):
+        x = torch.cat(bn_rows(2, shape, step)).requires_grad_()
+        out = bn(x)
+        weights = torch.cat([torch.arange(len(part) * math.prod(shape[1:])) for part in bn_rows(2, shape, step)])
+        (out * weights.view_as(out)).sum().backward()
+        outs, grads = outs + [out.detach()], grads + [x.grad]
+    bn.eval()  # running statistics; without them, each rank's own batch statistics (SyncBatchNorm syncs only in training)
+    outs.append(torch.cat([bn(part) for part in bn_rows(2, shape, 9)]).detach())
+    tol = {"rtol": 1e-5, "atol": 1e-5}  # float32: a sum over ranks against one sum over the concatenation
+    for got, want in zip([torch.cat(pair) for pair in zip(*(r["outs"] for r in ranks), strict=True)], outs, strict=True):
+        torch.testing.assert_close(got, want, **tol)
+    for got, want in zip([torch.cat(pair) for pair in zip(*(r["input_grads"] for r in ranks), strict=True)], grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)  # gradients are larger numbers, same relative error
+    for rank in ranks:
+        torch.testing.assert_close(rank["state"], bn.state_dict(), **tol)
+    summed = {n: sum(r["param_grads"][n] for r in ranks) for n in ranks[0]["param_grads"]}  # accumulated over the 3 steps
+    torch.testing.assert_close(summed, {n: p.grad for n, p in bn.named_parameters()}, rtol=1e-4, atol=1e-4)
