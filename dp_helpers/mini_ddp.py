@@ -14,7 +14,6 @@ All run inside a process group (a script under torchrun, or a test's rank pool).
 from __future__ import annotations
 
 import contextlib
-import time
 
 import torch
 import torch.distributed as dist
@@ -73,8 +72,6 @@ class AsyncAllReduce(HookAllReduce):
     def __init__(self, module: nn.Module):
         super().__init__(module)
         self.pending, self.waiting = [], False
-        self.names = {p: name for name, p in module.named_parameters()}  # for messages
-        self.timeline = Timeline(self.names)  # instrumentation for notebook 04's figure, off unless timeline.on
 
     def reduce(self, param: nn.Parameter) -> None:
         """Param's gradient is final: queue the wait once per backward, then launch."""
@@ -83,23 +80,18 @@ class AsyncAllReduce(HookAllReduce):
         if not self.waiting:  # the first ready gradient of this backward
             engine_callback(self.finish_backward)
             self.waiting = True
-        self.timeline.note("gradient ready", self.names[param])
         self.launch(param)
 
     def launch(self, param: nn.Parameter) -> None:
         """Start the all-reduce of param.grad / world_size without waiting for it."""
         param.grad.div_(dist.get_world_size())
-        work = dist.all_reduce(param.grad, async_op=True)
-        self.pending.append(work)
+        self.pending.append(dist.all_reduce(param.grad, async_op=True))
         self.allreduces += 1
-        self.timeline.timed(work, self.names[param], param.grad)
 
     def finish_backward(self) -> None:
         """The engine callback: wait for this backward's all-reduces; the next backward queues it again."""
-        self.timeline.note("wait", "engine callback")  # the first moment anything waits: every gradient is ready
         try:
             self.wait()
-            self.timeline.wait()
         finally:  # also after an error, so that the next backward starts afresh
             self.waiting, self.pending = False, []
 
@@ -110,41 +102,8 @@ class AsyncAllReduce(HookAllReduce):
         self.pending = []
 
 
-class Timeline:
-    """When on, notes when each gradient became ready and when each all-reduce started and ended (notebook 04)."""
-
-    def __init__(self, names: dict):
-        self.on, self.events, self.ends, self.t0, self.names = False, [], [], time.perf_counter(), names
-
-    def clock(self) -> float:
-        """Seconds since t0 (set t0 = time.perf_counter() to time one backward from its start)."""
-        return time.perf_counter() - self.t0
-
-    def note(self, kind: str, name: str) -> None:
-        """Record an instant: a gradient ready, the engine callback's wait."""
-        if self.on:
-            self.events.append({"kind": kind, "name": name, "start": self.clock()})
-
-    def timed(self, work, name: str, tensor: torch.Tensor) -> None:
-        """Record an all-reduce: started now, ended when the backend completes the work (on the backend's thread)."""
-        if not self.on:
-            return
-        event = {"kind": "all-reduce", "name": name, "start": self.clock(), "bytes": tensor.numel() * tensor.element_size()}
-        self.events.append(event)
-        self.ends.append(work.get_future().then(lambda fut: event.update(end=self.clock())))
-
-    def wait(self) -> None:
-        """Wait until every recorded all-reduce has its end time."""
-        for end in self.ends:
-            end.wait()
-        self.ends = []
-
-
 def assign_buckets(sizes: list[int], caps: int | list[int]) -> list[list[int]]:
-    """Group tensors (byte sizes, in order) greedily: a bucket closes once it holds >= its cap, the crossing tensor included.
-
-    With a list of caps the first bucket gets caps[0], the next caps[1], ..., every later one caps[-1] (torch's rule).
-    """
+    """Group byte sizes greedily, in order: a bucket closes once it holds >= its cap (caps[k] for bucket k, then caps[-1])."""
     caps = [caps] if isinstance(caps, int) else list(caps)
     buckets, current, filled = [], [], 0
     for i, size in enumerate(sizes):
@@ -209,13 +168,11 @@ def ddp_caps(bucket_cap_mb: float | None) -> list[int]:
 
 
 class MiniDDP(AsyncAllReduce):
-    """Step 4: the hooks fill buckets of ~bucket_cap_mb; full buckets are all-reduced in order, last layer's first.
+    """Step 4: the hooks fill buckets of ~bucket_cap_mb; full buckets are all-reduced in order, rebuilt once as DDP's."""
 
-    The first buckets follow the reverse of registration order; after the first backward they are rebuilt once in
-    the order the gradients really became ready (rank 0's order on every rank), as DDP's reducer does. Where it
-    differs from DDP: DDP's first iteration puts every parameter in one bucket; MiniDDP copies gradients into its
-    buckets (no gradient_as_bucket_view), needs one dtype and device, and has no communication hooks.
-    """
+    # Where it differs from DDP: DDP's first iteration puts every parameter in one bucket (ours start from the reverse
+    # of registration order); ours copies gradients into its buckets (no gradient_as_bucket_view), needs one dtype
+    # and device, and has no communication hooks.
 
     def __init__(self, module: nn.Module, bucket_cap_mb: float | None = None, find_unused_parameters: bool = False):
         super().__init__(module)
@@ -224,6 +181,7 @@ class MiniDDP(AsyncAllReduce):
             raise ValueError("MiniDDP needs every trained parameter on one device with one dtype.")
         self.caps, self.find_unused, self.unused, self.order = ddp_caps(bucket_cap_mb), find_unused_parameters, [], []
         self.index = {p: i for i, p in enumerate(self.params)}
+        self.names = {p: name for name, p in module.named_parameters()}  # for messages
         groups = assign_buckets([p.numel() * p.element_size() for p in self.params], self.caps)
         self.make_buckets([[self.params[i] for i in group] for group in reversed(groups)])  # DDP's first guess
         self.rebuilt = find_unused_parameters  # DDP never rebuilds with find_unused_parameters=True
@@ -254,7 +212,6 @@ class MiniDDP(AsyncAllReduce):
         while self.next < len(self.buckets) and self.buckets[self.next].full():
             bucket = self.buckets[self.next]
             bucket.launch(dist.get_world_size())
-            self.timeline.timed(bucket.work, f"bucket {self.next}", bucket.buffer)
             self.allreduces, self.next = self.allreduces + 1, self.next + 1
 
     def wait(self) -> None:

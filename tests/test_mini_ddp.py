@@ -92,7 +92,7 @@ def timeline(info) -> list[dict]:
     """One recorded backward (after a warm-up step and a barrier, as in the notebook) of the bucketed wrapper on the wider MLP."""
     from dp_helpers.scripts import from_scratch
 
-    return from_scratch.one_backward(mini_ddp.MiniDDP(from_scratch.mlp(0, width=512, depth=4), bucket_cap_mb=1), info)
+    return from_scratch.one_backward(from_scratch.RecordedMiniDDP(from_scratch.mlp(0, width=512, depth=4), bucket_cap_mb=1), info)
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 
 import torch
@@ -90,32 +91,39 @@ def gradient_memory(info: dph.DistInfo) -> list[dict]:
 
 def train_with_hook(info: dph.DistInfo, hook, steps: int, precision: str = "fp32") -> dict:
     """A small model trained with a comm hook (under autocast unless fp32): losses, weights, bytes sent, .grad dtype."""
-    model, sent = DDP(build_model("mlp", 10, seed=0).to(info.device)), [0]
-    real_all_reduce = dist.all_reduce
+    model = DDP(build_model("mlp", 10, seed=0).to(info.device))
+    model.register_comm_hook(None, hook)  # DDP calls hook(state, bucket) for each bucket instead of its all-reduce
+    opt, losses = torch.optim.SGD(model.parameters(), lr=0.5), []
+    with bytes_all_reduced() as sent:  # instrumentation: what the hook really hands to all_reduce
+        for step in range(steps):
+            x = torch.randn(32, 10, generator=torch.Generator().manual_seed(step * 10 + info.rank))
+            y = (x.sum(1, keepdim=True) > 0).float()
+            opt.zero_grad()
+            with autocast(info.device, precision):  # notebook 09: the forward's matrix products in bf16/fp16
+                out = model(x.to(info.device))
+            loss = bce_loss(out.float(), y.to(info.device))
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    return {"losses": losses, "weights": {k: v.cpu().tolist() for k, v in model.module.state_dict().items()},
+            "bytes": sent[0], "grad_dtype": str(next(model.parameters()).grad.dtype)}
+
+
+@contextlib.contextmanager
+def bytes_all_reduced():
+    """Inside the block, dist.all_reduce also adds each tensor's bytes to the yielded count (a one-item list)."""
+    real_all_reduce, sent = dist.all_reduce, [0]
 
     def counting_all_reduce(tensor, *args, **kwargs):
         """dist.all_reduce, adding the tensor's bytes to the count."""
         sent[0] += tensor.numel() * tensor.element_size()
         return real_all_reduce(tensor, *args, **kwargs)
 
-    dist.all_reduce = counting_all_reduce  # measure what the hook really sends
+    dist.all_reduce = counting_all_reduce
     try:
-        model.register_comm_hook(None, hook)
-        opt, losses = torch.optim.SGD(model.parameters(), lr=0.5), []
-        for step in range(steps):
-            x, y = torch.randn(32, 10, generator=torch.Generator().manual_seed(step * 10 + info.rank)), None
-            y = (x.sum(1, keepdim=True) > 0).float()
-            opt.zero_grad()
-            with autocast(info.device, precision):  # the forward's matrix products in bf16/fp16
-                out = model(x.to(info.device))
-            loss = bce_loss(out.float(), y.to(info.device))
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
+        yield sent
     finally:
         dist.all_reduce = real_all_reduce
-    return {"losses": losses, "weights": {k: v.cpu().tolist() for k, v in model.module.state_dict().items()},
-            "bytes": sent[0], "grad_dtype": str(next(model.parameters()).grad.dtype)}
 
 
 def fp16(info: dph.DistInfo, steps: int = 30) -> dict:
@@ -133,7 +141,9 @@ def precision(info: dph.DistInfo, steps: int = 5) -> dict:
     for name, (hook, prec) in runs.items():
         try:
             out[name] = train_with_hook(info, hook, steps, prec)
-        except TypeError as exc:  # bf16_compress_hook refuses gloo: it needs NCCL (or XCCL)
+        # register_comm_hook refuses bf16_compress_hook unless this build has CUDA/ROCm with NCCL >= 2.10, or XPU
+        # with XCCL: a check of the installation, whatever backend the group uses
+        except TypeError as exc:
             out[name] = {"error": str(exc)}
     return out
 

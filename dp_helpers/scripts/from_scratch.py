@@ -92,17 +92,87 @@ def hooks(info: dph.DistInfo, args) -> dict:
             "allreduces_per_step": hooked.allreduces / 5}
 
 
+class Timeline:
+    """Notes when each gradient became ready and when each all-reduce started and ended (notebook 04's figure)."""
+
+    def __init__(self):
+        self.events, self.ends, self.t0 = [], [], time.perf_counter()
+
+    def clock(self) -> float:
+        """Seconds since t0 (set t0 = time.perf_counter() to time one backward from its start)."""
+        return time.perf_counter() - self.t0
+
+    def note(self, kind: str, name: str) -> None:
+        """Record an instant: a gradient ready, the engine callback's wait."""
+        self.events.append({"kind": kind, "name": name, "start": self.clock()})
+
+    def timed(self, work, name: str, tensor: torch.Tensor) -> None:
+        """Record an all-reduce: started now, ended when the backend completes the work (on the backend's thread)."""
+        event = {"kind": "all-reduce", "name": name, "start": self.clock(), "bytes": tensor.numel() * tensor.element_size()}
+        self.events.append(event)
+        self.ends.append(work.get_future().then(lambda fut: event.update(end=self.clock())))
+
+    def wait(self) -> None:
+        """Wait until every recorded all-reduce has its end time."""
+        for end in self.ends:
+            end.wait()
+        self.ends = []
+
+
+class Recording:
+    """Mixed into AsyncAllReduce or MiniDDP: the same steps, each also noted on a Timeline while `timeline` is set."""
+
+    timeline: Timeline | None = None
+
+    def __init__(self, module: nn.Module, *args, **kwargs):
+        super().__init__(module, *args, **kwargs)
+        self.label = {p: name for name, p in module.named_parameters()}
+
+    def reduce(self, param: nn.Parameter) -> None:
+        """Note the ready gradient, then reduce as the wrapper does."""
+        if self.timeline is not None and self.sync:
+            self.timeline.note("gradient ready", self.label[param])
+        super().reduce(param)
+
+    def launch(self, param: nn.Parameter) -> None:
+        """Launch as the wrapper does; time what it handed to the backend (a tensor's all-reduce, or full buckets)."""
+        first = getattr(self, "next", None)
+        super().launch(param)
+        if self.timeline is None:
+            return
+        if first is None:  # AsyncAllReduce: one all-reduce per parameter
+            self.timeline.timed(self.pending[-1], self.label[param], param.grad)
+        for k in range(first or 0, getattr(self, "next", 0)):  # MiniDDP: the buckets this gradient completed
+            self.timeline.timed(self.buckets[k].work, f"bucket {k}", self.buckets[k].buffer)
+
+    def finish_backward(self) -> None:
+        """Note the engine callback's wait (every gradient is ready by then), wait, and collect the end times."""
+        if self.timeline is not None:
+            self.timeline.note("wait", "engine callback")
+        super().finish_backward()
+        if self.timeline is not None:
+            self.timeline.wait()
+
+
+class RecordedAsyncAllReduce(Recording, mini_ddp.AsyncAllReduce):
+    """AsyncAllReduce, recorded."""
+
+
+class RecordedMiniDDP(Recording, mini_ddp.MiniDDP):
+    """MiniDDP, recorded."""
+
+
 def timeline(info: dph.DistInfo, args) -> dict:
     """One backward's events (after a warm-up step) of AsyncAllReduce and of MiniDDP on a wider MLP."""
-    wrappers = {"one all-reduce per parameter": mini_ddp.AsyncAllReduce,
-                f"buckets of {args.bucket_cap_mb:g} MiB": lambda m: mini_ddp.MiniDDP(m, args.bucket_cap_mb)}
+    wrappers = {"one all-reduce per parameter": RecordedAsyncAllReduce,
+                f"buckets of {args.bucket_cap_mb:g} MiB": lambda m: RecordedMiniDDP(m, args.bucket_cap_mb)}
     return {name: one_backward(wrap(mlp(0, width=512, depth=4)), info) for name, wrap in wrappers.items()}
 
 
 def one_backward(model, info: dph.DistInfo) -> list[dict]:
     """The events of one timed backward, after a warm-up step."""
     train(model, info, steps=1)
-    model.timeline.on = True  # from now on the hooks note every event
+    model.timeline = Timeline()  # from now on the hooks note every event
     x, y = batch(info, 99)
     torch.distributed.barrier()  # both ranks start the timed backward together
     loss = bce_loss(model(x), y)
