@@ -256,13 +256,13 @@ class ShardPlan:
 
     @property
     def mixes_micro_batch_sizes(self) -> bool:
-        """True when the last optimizer step averages a short micro-batch with full ones (each weighted 1/k)."""
+        """True when the last optimizer step accumulates a short micro-batch with full ones (each weighted by its size)."""
         return self.last_batch != self.batch_size and self.last_group > 1
 
     @property
     def equivalent_to_large_batch(self) -> bool:
         """True when the run sees exactly the batches one process with the global batch sees, weighted alike."""
-        return self.padded == 0 and not self.mixes_micro_batch_sizes
+        return self.padded == 0  # micro-batches of unequal size are weighted by their size, as one large batch
 
     def explain(self) -> str:
         """One sentence on whether this run matches one process with the global batch, and why."""
@@ -272,9 +272,9 @@ class ShardPlan:
                     f"evenly over {w} ranks, so the sampler repeats {self.padded} sample(s) every epoch "
                     f"and the last global batch ({w}x{self.last_batch}) counts them twice.")
         if self.mixes_micro_batch_sizes:
-            return (f"not identical to one process with batch {g}: the epoch's last optimizer step accumulates "
+            return (f"identical to one process with batch {g}: the epoch's last optimizer step accumulates "
                     f"{self.last_group} micro-batches ({plural(self.last_group - 1, 'full one', 'full ones')} of {b} samples and "
-                    f"one of {self.last_batch}) with equal weights, where one large batch weights every sample equally.")
+                    f"one of {self.last_batch}), each weighted by its size, as one large batch weights every sample.")
         if self.last_batch != b:
             return (f"identical to one process with batch {g}: each rank's last batch is short "
                     f"({plural(self.last_batch, 'sample')}), and one process ends on the same {w * self.last_batch} samples.")

@@ -45,14 +45,15 @@ def train_step(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
 
 def accumulate_step(model: nn.Module, micro_batches: list, optimizer: torch.optim.Optimizer,
                     no_sync=None, after_backward=None, loss_fn=bce_loss) -> torch.Tensor:
-    """One optimizer step over K micro-batches of loss/K; with DDP only the last backward synchronises."""
+    """One optimizer step over K micro-batches, each mean loss weighted by its share of the samples; under DDP only the last syncs."""
     optimizer.zero_grad(set_to_none=True)
-    total, k = torch.zeros(()), len(micro_batches)
+    total, k, samples = torch.zeros(()), len(micro_batches), sum(len(targets) for _, targets in micro_batches)
     for j, (inputs, targets) in enumerate(micro_batches):
         # no_sync: gradients accumulate locally, the all-reduce waits for the last micro-batch
         quiet = no_sync() if (no_sync is not None and j < k - 1) else contextlib.nullcontext()
         with quiet:
-            loss = loss_fn(model(inputs), targets) / k
+            # n_j / N, not 1 / K: the shares add up to the mean over all N samples, a short last micro-batch included
+            loss = loss_fn(model(inputs), targets) * (len(targets) / samples)
             loss.backward()
         total = total + loss.detach().cpu()
     if after_backward is not None:

@@ -94,7 +94,7 @@ def test_the_digits_cnn_gives_ten_logits_whatever_dim_says():
     (10, 3, 2, 2, True, "identical to one process with batch 60: 100 samples split"),
     (8, 2, 4, 1, True, "each rank's last batch is short (2 samples)"),  # the short micro-batch steps alone
     (8, 3, 3, 1, True, "identical to one process with batch 48"),
-    (8, 4, 2, 3, False, "accumulates 3 micro-batches (2 full ones of 8 samples and one of 2) with equal weights"),
+    (8, 4, 2, 3, True, "accumulates 3 micro-batches (2 full ones of 8 samples and one of 2), each weighted by its size"),
 ])
 def test_accumulation_changes_the_plan(batch_size, k, steps, last_group, identical, words):
     plan = shard_plan(100, 2, batch_size, k)
