@@ -116,12 +116,12 @@ def all_gather_flat(out: torch.Tensor, mine: torch.Tensor) -> None:
         dist.all_gather_into_tensor(out, mine)
 
 
-def reduce_scatter_flat(mine: torch.Tensor, full: torch.Tensor) -> None:
-    """mine = the sum over ranks of this rank's chunk of `full`."""
+def reduce_scatter_flat(mine: torch.Tensor, full: torch.Tensor, async_op: bool = False):
+    """mine = the sum over ranks of this rank's chunk of `full` (with async_op, returns the work to wait for)."""
     if hasattr(dist, "reduce_scatter_single"):
-        dist.reduce_scatter_single(mine, full)
-    else:  # older torch releases have only this name (torch 2.13 deprecates it)
-        dist.reduce_scatter_tensor(mine, full)
+        return dist.reduce_scatter_single(mine, full, async_op=async_op)
+    # older torch releases have only this name (torch 2.13 deprecates it)
+    return dist.reduce_scatter_tensor(mine, full, async_op=async_op)
 
 
 class ZeroAdam:
