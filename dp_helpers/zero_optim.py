@@ -24,50 +24,84 @@ import torch.distributed as dist
 from torch import nn
 
 from .mini_ddp import assign_buckets, ddp_caps, engine_callback
-from .zero import Flat, all_gather_flat, reduce_scatter_flat
+from .zero import all_gather_flat, padded, reduce_scatter_flat
 
 
 class Bucket:
-    """Trained parameters of one group that share a flat buffer; this rank owns `shard`, chunk `rank` of it."""
+    """Trained parameters of one group that travel together; rank r owns chunk r of each, a shard per parameter."""
 
-    def __init__(self, params: list[nn.Parameter], group: int, rank: int, world_size: int):
-        self.params, self.group, self.world_size = params, group, world_size
-        self.flat = Flat([p.detach() for p in params], world_size)
-        for p, view in zip(params, self.flat.views, strict=True):
-            p.data = view  # the model reads its weights from the flat buffer, which the all-gather refreshes
-        self.shard = nn.Parameter(self.flat.chunk(rank))  # stepping the shard updates this rank's chunk in place
+    def __init__(self, params: list[nn.Parameter], rank: int, world_size: int):
+        self.params, self.world_size = params, world_size
+        self.sizes = [padded(p.numel(), world_size) // world_size for p in params]  # each parameter's chunk
+        # rank-major layout: [rank 0's chunks of every parameter | rank 1's | ...], so that one reduce-scatter hands
+        # each rank its chunk of every parameter, and one all-gather brings every chunk back
+        self.buffer = torch.zeros(world_size * sum(self.sizes), dtype=params[0].dtype, device=params[0].device)
+        self.shards = [nn.Parameter(chunk.clone()) for chunk in self.chunks_of(self.layout([p.detach() for p in params]), rank)]
         self.position = {p: i for i, p in enumerate(params)}
-        self.full_grad, self.ready, self.work, self.mine = None, set(), None, None
+        self.full_grad, self.ready, self.work, self.mine, self.had_grad = None, set(), None, None, set()
+
+    def layout(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        """Tensors shaped like the parameters, placed in a new rank-major buffer (each padded to world_size chunks)."""
+        out = torch.zeros_like(self.buffer)
+        for i, t in enumerate(tensors):
+            self.add_into(out, i, t)
+        return out
+
+    def add_into(self, buffer: torch.Tensor, i: int, t: torch.Tensor) -> None:
+        """Add a tensor shaped like parameter i into its world_size chunks of a rank-major buffer."""
+        size, offset = self.sizes[i], sum(self.sizes[:i])
+        flat = torch.zeros(size * self.world_size, dtype=buffer.dtype, device=buffer.device)
+        flat[:t.numel()] = t.reshape(-1)
+        buffer.view(self.world_size, -1)[:, offset:offset + size] += flat.view(self.world_size, size)
+
+    def chunks_of(self, row: torch.Tensor, rank: int | None = None) -> list[torch.Tensor]:
+        """Rank's row of a rank-major buffer cut into one chunk per parameter (row alone: it is that row already)."""
+        if rank is not None:
+            row = row.view(self.world_size, -1)[rank]
+        return list(row.split(self.sizes))
+
+    def unlayout(self, buffer: torch.Tensor) -> list[torch.Tensor]:
+        """The parameters' full values from a rank-major buffer (the inverse of layout)."""
+        rows, out, offset = buffer.view(self.world_size, -1), [], 0
+        for p, size in zip(self.params, self.sizes, strict=True):
+            out.append(rows[:, offset:offset + size].reshape(-1)[:p.numel()].view_as(p))
+            offset += size
+        return out
 
     def collect(self, p: nn.Parameter) -> None:
-        """Stage 2: move p's gradient into the bucket's full gradient and free it."""
+        """Stage 2: add p's gradient to the bucket's full gradient and free it."""
         if self.full_grad is None:
-            self.full_grad = torch.zeros_like(self.flat.buffer)
-        self.flat.views_of(self.full_grad)[self.position[p]].add_(p.grad)
+            self.full_grad = torch.zeros_like(self.buffer)
+        self.add_into(self.full_grad, self.position[p], p.grad)
         p.grad = None  # the full gradient lives on only inside the bucket, until its reduce-scatter
         self.ready.add(p)
+        self.had_grad.add(p)
 
     def full(self) -> bool:
         """Whether every gradient of the bucket has arrived in this backward."""
         return len(self.ready) == len(self.params)
 
     def reduce(self, async_op: bool = False) -> None:
-        """Reduce-scatter the full gradient (stage 1: from .grad) into this rank's chunk, summed over ranks."""
+        """Reduce-scatter the full gradient (stage 1: from .grad) so this rank gets its chunks, summed over ranks."""
         if self.full_grad is None:  # stage 1, or a stage-2 bucket no gradient reached: zeros where .grad is None
-            self.full_grad = torch.zeros_like(self.flat.buffer)
-            for p, view in zip(self.params, self.flat.views_of(self.full_grad), strict=True):
-                if p.grad is not None:
-                    view.copy_(p.grad)
-        self.mine = torch.empty_like(self.shard)
+            self.had_grad |= {p for p in self.params if p.grad is not None}
+            self.full_grad = self.layout([torch.zeros_like(p) if p.grad is None else p.grad for p in self.params])
+        self.mine = torch.empty(sum(self.sizes), dtype=self.buffer.dtype, device=self.buffer.device)
         self.work = reduce_scatter_flat(self.mine, self.full_grad, async_op=async_op)
 
     def finish(self) -> None:
-        """Wait for the reduce-scatter, add the mean of this chunk to shard.grad, and free the full gradient."""
+        """Wait for the reduce-scatter and add the mean of each chunk to its shard's .grad; free the full gradient."""
         if self.work is not None:
             self.work.wait()
-        mean = self.mine.div_(self.world_size)  # as DDP's all-reduce divides by world_size
-        self.shard.grad = mean if self.shard.grad is None else self.shard.grad.add_(mean)
+        for shard, mean in zip(self.shards, self.chunks_of(self.mine.div_(self.world_size)), strict=True):
+            shard.grad = mean.clone() if shard.grad is None else shard.grad.add_(mean)  # / world_size: as DDP
         self.full_grad, self.ready, self.work, self.mine = None, set(), None, None
+
+    def gather(self) -> None:
+        """All-gather every rank's chunks and write the new full values into the parameters."""
+        all_gather_flat(self.buffer, torch.cat([s.detach() for s in self.shards]))
+        for p, value in zip(self.params, self.unlayout(self.buffer), strict=True):
+            p.data.copy_(value)
 
 
 class ZeroOptimizer(torch.optim.Optimizer):
@@ -79,27 +113,27 @@ class ZeroOptimizer(torch.optim.Optimizer):
             raise ValueError(f"ZeroOptimizer implements stages 1 and 2, not {stage!r} (stage 3 shards the model).")
         self.optimizer_class, self.stage, self.caps = optimizer_class, stage, ddp_caps(bucket_cap_mb)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.buckets, self.bucket_of, self.inner, self.pending, self.next = [], {}, None, False, 0
-        self._consolidated = None
+        self.buckets, self.bucket_of, self.shard_of, self.inner = [], {}, {}, None
+        self.pending, self.next, self.reduced, self._consolidated = False, 0, False, None
         super().__init__(params, defaults)  # torch builds the groups: it calls add_param_group for each
         refuse_ddp(self.bucket_of)
 
     def add_param_group(self, param_group: dict) -> None:
-        """torch's add_param_group, and the group's trained parameters laid out in buckets stepped by the inner optimizer."""
+        """torch's add_param_group; the group's trained parameters go into buckets, their shards to the inner optimizer."""
         super().add_param_group(param_group)
         group = self.param_groups[-1]
         trained = [p for p in reversed(group["params"]) if p.requires_grad]  # last layer first
         for p in trained:
             dist.broadcast(p.detach(), 0)  # every rank starts from rank 0's weights, as DDP's constructor does
         sizes = [p.numel() * p.element_size() for p in trained]
-        new = [Bucket([trained[i] for i in g], len(self.param_groups) - 1, self.rank, self.world_size)
-               for g in assign_buckets(sizes, self.caps)] if trained else []
-        self.buckets += new
+        new = [Bucket([trained[i] for i in g], self.rank, self.world_size) for g in assign_buckets(sizes, self.caps)]
         for bucket in new:
-            self.bucket_of.update({p: bucket for p in bucket.params})
-            for p in bucket.params if self.stage == 2 else []:
-                p.register_post_accumulate_grad_hook(self.collect)
-        inner = {**{k: v for k, v in group.items() if k != "params"}, "params": [b.shard for b in new]}
+            self.buckets.append(bucket)
+            for p, shard in zip(bucket.params, bucket.shards, strict=True):
+                self.bucket_of[p], self.shard_of[p] = bucket, shard
+                if self.stage == 2:
+                    p.register_post_accumulate_grad_hook(self.collect)
+        inner = {**{k: v for k, v in group.items() if k != "params"}, "params": [s for b in new for s in b.shards]}
         if self.inner is None:
             self.inner = self.optimizer_class([inner], **self.defaults)
         else:
@@ -128,15 +162,28 @@ class ZeroOptimizer(torch.optim.Optimizer):
             self.pending, self.next = False, 0
 
     def reduce_gradients(self) -> None:
-        """Stage 1: reduce-scatter every bucket's gradients now (step does it if clip_grad_norm_ did not)."""
-        if self.stage == 1 and any(b.shard.grad is None for b in self.buckets):
+        """Reduce every bucket once per step (stage 1 here; stage 2 did it in the backward), then drop unused ones."""
+        if self.reduced:
+            return
+        if self.stage == 1:
             for bucket in self.buckets:
                 bucket.reduce()
                 bucket.finish()
+        self.drop_unused()
+        self.reduced = True
+
+    def drop_unused(self) -> None:
+        """Shards of parameters no rank had a gradient for get .grad None, so the inner optimizer skips them."""
+        params = [p for b in self.buckets for p in b.params]
+        flags = torch.tensor([float(p in self.bucket_of[p].had_grad) for p in params])
+        dist.all_reduce(flags)  # one small all-reduce per step, as DDP's map of used parameters
+        for p, used in zip(params, flags.tolist(), strict=True):
+            if not used:
+                self.shard_of[p].grad = None
 
     @torch.no_grad()
     def step(self, closure=None):
-        """Step this rank's chunks with the inner optimizer, then all-gather the new parameters into every bucket."""
+        """Step this rank's shards with the inner optimizer, then all-gather the new parameters on every rank."""
         if closure is not None:
             raise ValueError("ZeroOptimizer.step takes no closure: every rank must run the same collectives.")
         self.reduce_gradients()
@@ -144,55 +191,53 @@ class ZeroOptimizer(torch.optim.Optimizer):
             inner.update({k: v for k, v in group.items() if k != "params"})  # a scheduler changes the outer groups
         self.inner.step()
         for bucket in self.buckets:
-            all_gather_flat(bucket.flat.buffer, bucket.shard.detach().clone())
+            bucket.gather()
         self.zero_grad_shards()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Forget the full gradients and this rank's reduced chunks."""
-        for bucket in self.buckets:
-            for p in bucket.params:
-                p.grad = None
+        for p in self.bucket_of:
+            p.grad = None
         self.zero_grad_shards()
 
     def zero_grad_shards(self) -> None:
-        """Forget the reduced chunks (after a step: the next backward starts afresh)."""
+        """Forget the reduced chunks and which parameters had gradients: the next backward starts afresh."""
         for bucket in self.buckets:
-            bucket.shard.grad = None
+            bucket.had_grad = set()
+            for shard in bucket.shards:
+                shard.grad = None
+        self.reduced = False
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Scale the reduced gradients to a global 2-norm of at most max_norm; the norm over every rank's chunks."""
         self.reduce_gradients()
-        squares = torch.zeros((), dtype=torch.float32)
-        for bucket in self.buckets:
-            if bucket.shard.grad is not None:
-                squares += bucket.shard.grad.float().pow(2).sum()
+        grads = [s.grad for s in self.shard_of.values() if s.grad is not None]
+        squares = sum((g.float().pow(2).sum() for g in grads), torch.zeros(()))
         dist.all_reduce(squares)  # the chunks partition the gradient (the padding adds zeros)
         norm = squares.sqrt()
         scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)  # as torch.nn.utils.clip_grad_norm_
-        for bucket in self.buckets:
-            if bucket.shard.grad is not None:
-                bucket.shard.grad.mul_(scale)
+        for g in grads:
+            g.mul_(scale)
         return norm
 
     def consolidate_state_dict(self, to: int = 0) -> None:
         """Gather the whole optimizer state on rank `to` (a collective: every rank calls it), for state_dict()."""
         index = {p: i for i, p in enumerate(p for g in self.param_groups for p in g["params"])}
         state = {}
-        for bucket in self.buckets:
-            for key, value in self.inner.state.get(bucket.shard, {}).items():
-                for p, part in zip(bucket.params, self.gathered(bucket, value), strict=True):
-                    state.setdefault(index[p], {})[key] = part
+        for p, shard in self.shard_of.items():
+            for key, value in sorted(self.inner.state.get(shard, {}).items()):
+                state.setdefault(index[p], {})[key] = self.gathered(p, shard, value)
         groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [index[p] for p in g["params"]]}
                   for g in self.param_groups]
         self._consolidated = {"state": state, "param_groups": groups} if self.rank == to else None
 
-    def gathered(self, bucket: Bucket, value) -> list:
-        """One state entry for each of the bucket's parameters: a chunked tensor all-gathered and cut, else copied."""
-        if not (isinstance(value, torch.Tensor) and value.shape == bucket.shard.shape):
-            return [value.clone() if isinstance(value, torch.Tensor) else value for _ in bucket.params]
-        full = torch.empty_like(bucket.flat.buffer, dtype=value.dtype)
+    def gathered(self, p: nn.Parameter, shard: nn.Parameter, value):
+        """One state entry of p: a per-element tensor all-gathered from every rank's chunk, anything else copied."""
+        if not (isinstance(value, torch.Tensor) and value.shape == shard.shape):
+            return value.clone() if isinstance(value, torch.Tensor) else value
+        full = torch.empty(self.world_size * shard.numel(), dtype=value.dtype, device=value.device)
         all_gather_flat(full, value.detach().contiguous())
-        return [view.clone() for view in bucket.flat.views_of(full)]
+        return full[:p.numel()].view_as(p).clone()
 
     def state_dict(self) -> dict:
         """The consolidated state, in the plain optimizer's format (after consolidate_state_dict, on that rank)."""
@@ -206,21 +251,19 @@ class ZeroOptimizer(torch.optim.Optimizer):
         params = [p for g in self.param_groups for p in g["params"]]
         for group, saved in zip(self.param_groups, state_dict["param_groups"], strict=True):
             group.update({k: v for k, v in saved.items() if k != "params"})
-        full = {params[int(i)]: s for i, s in state_dict["state"].items()}
-        for bucket in self.buckets:
-            entries = [full.get(p, {}) for p in bucket.params]
-            keys = {k for e in entries for k in e}
-            self.inner.state[bucket.shard] = {k: self.chunk_of(bucket, [e.get(k) for e in entries]) for k in keys}
+        for i, entry in state_dict["state"].items():
+            p = params[int(i)]
+            if p in self.shard_of:
+                self.inner.state[self.shard_of[p]] = {k: self.chunk_of(p, v) for k, v in entry.items()}
 
-    def chunk_of(self, bucket: Bucket, values: list):
-        """This rank's chunk of a per-parameter state entry laid out like the bucket (a scalar: the first one)."""
-        shaped = [isinstance(v, torch.Tensor) and v.shape == p.shape and p.dim() > 0
-                  for v, p in zip(values, bucket.params, strict=True)]
-        if any(shaped):  # a parameter without this entry (never stepped) gets zeros
-            full = [v.to(p.dtype) if s else torch.zeros_like(p) for v, s, p in zip(values, shaped, bucket.params, strict=True)]
-            return Flat(full, self.world_size).chunk(self.rank).clone()
-        first = next((v for v in values if v is not None), None)
-        return first.clone() if isinstance(first, torch.Tensor) else first
+    def chunk_of(self, p: nn.Parameter, value):
+        """This rank's chunk of one state entry of p (a per-element tensor), or the entry itself (a step count)."""
+        if not (isinstance(value, torch.Tensor) and value.shape == p.shape and p.dim() > 0):
+            return value.clone() if isinstance(value, torch.Tensor) else value
+        size = padded(p.numel(), self.world_size) // self.world_size
+        flat = torch.zeros(size * self.world_size, dtype=value.dtype, device=value.device)
+        flat[:p.numel()] = value.reshape(-1)
+        return flat[self.rank * size:(self.rank + 1) * size].clone()
 
 
 def refuse_ddp(params) -> None:

@@ -69,7 +69,7 @@ def sharded_runs(info) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [2])  # 1 to 4 ranks, and more cases: the equivalence matrix
 def test_zero_optimizer_equals_the_plain_optimizer_on_the_global_batch(pools, world):
     ranks = pools.get(world).run(sharded_runs)
     for name in OPTIMIZERS:

@@ -1,0 +1,219 @@
+"""The equivalence matrix's parts: models a user might bring, the cases, the strategies, one training run per cell.
+
+Every cell trains from a different start on every rank (each strategy must make the ranks equal) for a few
+steps on its rank's rows of each global batch, and is compared with one process training on the whole batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from dp_helpers.training import bce_loss
+
+FEATURES = 10
+
+
+class Tied(nn.Module):
+    """One weight in two places (as tied embeddings), and one module applied twice."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp, self.up, self.down, self.out = (nn.Linear(FEATURES, 16), nn.Linear(16, 16), nn.Linear(16, 16),
+                                                  nn.Linear(16, 1))
+        self.down.weight = self.up.weight
+
+    def forward(self, x, step=0):
+        h = torch.relu(self.down(torch.relu(self.up(torch.relu(self.inp(x))))))
+        return torch.sigmoid(self.out(torch.relu(self.down(h)))).squeeze(1)
+
+
+class MLP(nn.Module):
+    """Three layers; `frozen` freezes the first (fine-tuning), `skip_every` leaves the middle one out on those steps."""
+
+    def __init__(self, frozen: bool = False, skip_every: int = 0, aux: bool = False):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(FEATURES, 16), nn.Linear(16, 16), nn.Linear(16, 1)
+        self.aux = nn.Linear(16, 3) if aux else None  # an output the loss ignores
+        self.skip_every = skip_every
+        self.a.requires_grad_(not frozen)
+
+    def forward(self, x, step=0):
+        h = torch.relu(self.a(x))
+        if not (self.skip_every and step % self.skip_every == 1):  # every rank skips the same steps
+            h = torch.relu(self.b(h))
+        out = torch.sigmoid(self.c(h)).squeeze(1)
+        return (out, self.aux(h)) if self.aux is not None else out
+
+
+@dataclass
+class Case:
+    """What a cell trains: a model, the global batches (micro-batch sizes per step), an optimizer, clipping."""
+
+    make: type
+    kwargs: dict = field(default_factory=dict)
+    steps: list[list[int]] = field(default_factory=lambda: [[24]] * 3)  # per step, the global micro-batch sizes
+    optimizer: tuple = (torch.optim.SGD, {"lr": 0.2, "momentum": 0.9})
+    clip: float | None = None
+    unused: bool = False  # a parameter without a gradient in some step: DDP needs find_unused_parameters
+
+
+CASES = {
+    "tied weights": Case(Tied),
+    "frozen parameters": Case(MLP, {"frozen": True}),
+    "a parameter unused in some steps": Case(MLP, {"skip_every": 2}, unused=True),
+    "an unused forward output": Case(MLP, {"aux": True}, unused=True),
+    "a short last batch": Case(MLP, steps=[[24], [24], [12]]),
+    "3 unequal micro-batches": Case(MLP, steps=[[36, 24, 12]] * 2),  # normalised by the step's sample count
+    "AdamW with weight decay": Case(MLP, optimizer=(torch.optim.AdamW, {"lr": 0.02, "weight_decay": 0.1})),
+    "clipping by the global norm": Case(MLP, clip=0.05),
+}
+
+
+def batches(case: Case):
+    """The global micro-batches of every step, the same on every rank (rank r takes its rows)."""
+    gen = torch.Generator().manual_seed(11)
+    return [[(torch.randn(n, FEATURES, generator=gen), torch.rand(n, generator=gen)) for n in step] for step in case.steps]
+
+
+def model(case: Case, seed: int) -> nn.Module:
+    """The case's model, initialised from `seed`."""
+    torch.manual_seed(seed)
+    return case.make(**case.kwargs)
+
+
+def loss_of(out, y, share: float) -> torch.Tensor:
+    """The mean BCE of the prediction (the first output if several), weighted by the micro-batch's share of the step."""
+    return bce_loss(out[0] if isinstance(out, tuple) else out, y) * share
+
+
+@dataclass
+class Parts:
+    """A strategy's pieces for one cell: the model to call, the optimizer, how to skip a sync, how to clip."""
+
+    module: nn.Module
+    optimizer: object
+    no_sync: object = None
+    clip: object = None
+
+    def clip_to(self, max_norm: float) -> None:
+        """Clip the gradients to a global 2-norm of max_norm, the strategy's way."""
+        if self.clip is not None:
+            self.clip(max_norm)
+        else:
+            torch.nn.utils.clip_grad_norm_(self.module.parameters(), max_norm)
+
+
+def train(parts: Parts, case: Case, rank: int, world: int) -> None:
+    """The case's steps: each micro-batch's mean loss weighted by its share, the syncs skipped but the last's."""
+    for s, step in enumerate(batches(case)):
+        parts.optimizer.zero_grad()
+        total = sum(len(y) for _, y in step)
+        for j, (x, y) in enumerate(step):
+            rows = slice(rank * len(x) // world, (rank + 1) * len(x) // world)
+            quiet = parts.no_sync() if parts.no_sync is not None and j < len(step) - 1 else contextlib.nullcontext()
+            with quiet:
+                loss_of(parts.module(x[rows], step=s), y[rows], len(y) / total).backward()
+        if case.clip is not None:
+            parts.clip_to(case.clip)
+        parts.optimizer.step()
+
+
+def plain_optimizer(case: Case, params):
+    """The case's optimizer class over these parameters."""
+    cls, kwargs = case.optimizer
+    return cls([p for p in params if p.requires_grad], **kwargs)
+
+
+def ddp(case: Case, m: nn.Module) -> Parts:
+    """torch's DistributedDataParallel."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    wrapped = DDP(m, find_unused_parameters=case.unused)
+    return Parts(wrapped, plain_optimizer(case, wrapped.parameters()), wrapped.no_sync)
+
+
+def mini_per_parameter(case: Case, m: nn.Module) -> Parts:
+    """Our DDP of notebook 04's step 3: an asynchronous all-reduce per parameter."""
+    from dp_helpers.mini_ddp import AsyncAllReduce
+
+    wrapped = AsyncAllReduce(m)
+    return Parts(wrapped, plain_optimizer(case, m.parameters()), wrapped.no_sync)
+
+
+def mini_bucketed(case: Case, m: nn.Module) -> Parts:
+    """MiniDDP with buckets small enough to make several."""
+    from dp_helpers.mini_ddp import MiniDDP
+
+    wrapped = MiniDDP(m, bucket_cap_mb=0.001, find_unused_parameters=case.unused)
+    return Parts(wrapped, plain_optimizer(case, m.parameters()), wrapped.no_sync)
+
+
+def zero(stage: int):
+    """Our ZeRO-1 or -2 (ZeroOptimizer) on the plain model."""
+    def build(case: Case, m: nn.Module) -> Parts:
+        from dp_helpers.mini_ddp import broadcast_state
+        from dp_helpers.zero_optim import ZeroOptimizer
+
+        broadcast_state(m)  # buffers too (these models have none; the optimizer broadcasts the parameters)
+        cls, kwargs = case.optimizer
+        opt = ZeroOptimizer([p for p in m.parameters() if p.requires_grad], cls, stage=stage, bucket_cap_mb=0.001, **kwargs)
+        return Parts(m, opt, clip=opt.clip_grad_norm_)
+    return build
+
+
+def torch_zero(case: Case, m: nn.Module) -> Parts:
+    """DDP with torch's ZeroRedundancyOptimizer."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    wrapped = DDP(m, find_unused_parameters=case.unused)
+    cls, kwargs = case.optimizer
+    opt = ZeroRedundancyOptimizer([p for p in wrapped.parameters() if p.requires_grad], optimizer_class=cls, **kwargs)
+    return Parts(wrapped, opt, wrapped.no_sync)
+
+
+def fsdp2(case: Case, m: nn.Module) -> Parts:
+    """torch's fully_shard on every module with parameters, then the root."""
+    from dp_helpers.zero import fully_sharded
+
+    sharded = fully_sharded(m)
+    return Parts(sharded, plain_optimizer(case, sharded.parameters()))
+
+
+STRATEGIES = {"DDP": ddp, "MiniDDP, a hook per parameter": mini_per_parameter, "MiniDDP, buckets": mini_bucketed,
+              "ZeRO-1 (ours)": zero(1), "ZeRO-2 (ours)": zero(2), "ZeroRedundancyOptimizer": torch_zero,
+              "fully_shard": fsdp2}
+
+
+def weights(parts: Parts) -> dict:
+    """Full weights by name (FSDP2's DTensors gathered: a collective on every rank)."""
+    state = getattr(parts.module, "module", parts.module).state_dict()
+    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone() for k, v in state.items()}
+
+
+def cell(info, strategy: str, case_name: str) -> dict:
+    """One cell on this rank: the final weights, or the one-line error the strategy raised."""
+    case = CASES[case_name]
+    try:
+        parts = STRATEGIES[strategy](case, model(case, seed=info.rank))  # ranks start apart
+        train(parts, case, info.rank, info.world_size)
+        return {"weights": weights(parts)}
+    except (ValueError, RuntimeError, NotImplementedError) as exc:
+        return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"}
+
+
+def every_cell(info) -> dict:
+    """The whole matrix on this world size."""
+    return {(s, c): cell(info, s, c) for s in STRATEGIES for c in CASES}
+
+
+def reference(case_name: str) -> dict:
+    """One process on the whole global batches, from rank 0's start."""
+    case = CASES[case_name]
+    m = model(case, seed=0)
+    train(Parts(m, plain_optimizer(case, m.parameters())), case, 0, 1)
+    return {k: v.detach().clone() for k, v in m.state_dict().items()}

@@ -1,0 +1,32 @@
+"""Every data-parallel strategy against one process on the global batch, case by case, on 1 to 4 ranks.
+
+The cases are what a user's own model and loop bring (tests/matrix.py): tied weights, frozen parameters, a
+parameter unused in some steps, an output the loss ignores, a short last batch, accumulation over unequal
+micro-batches normalised by the step's sample count, AdamW with weight decay, clipping by the global norm.
+Tolerances, per cell: on 1 rank every strategy is bitwise one process (rtol = atol = 0); on 2-4 ranks a float32
+sum over ranks runs in another order than one sum over the batch, so rtol 1e-6 and atol 1e-7 (largest seen: 3e-8).
+"""
+
+import pytest
+import torch
+
+from tests import matrix
+
+# what a strategy refuses, with its own message: the matrix says so instead of leaving the cell out
+REFUSED = {("fully_shard", "tied weights"): "is shared with a parameter already managed by another FSDP group"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_every_strategy_equals_one_process_in_every_case(pools, world):
+    ranks = pools.get(world).run(matrix.every_cell)
+    tolerance = {"rtol": 0, "atol": 0} if world == 1 else {"rtol": 1e-6, "atol": 1e-7}
+    references = {case: matrix.reference(case) for case in matrix.CASES}
+    for (strategy, case), got in ranks[0].items():
+        if (strategy, case) in REFUSED:
+            assert REFUSED[strategy, case] in got.get("error", ""), (strategy, case, got)
+            continue
+        for rank, result in enumerate(ranks):
+            assert "error" not in result[strategy, case], (strategy, case, rank, result[strategy, case])
+            torch.testing.assert_close(result[strategy, case]["weights"], references[case], **tolerance,
+                                       msg=lambda m, s=strategy, c=case, r=rank: f"{s}, {c}, rank {r}/{world}: {m}")
