@@ -108,12 +108,12 @@ class Flat:
         return self.buffer[rank * self.size:(rank + 1) * self.size]
 
 
-def all_gather_flat(out: torch.Tensor, mine: torch.Tensor) -> None:
-    """out = every rank's `mine`, concatenated in rank order."""
+def all_gather_flat(out: torch.Tensor, mine: torch.Tensor, async_op: bool = False):
+    """out = every rank's `mine`, concatenated in rank order (with async_op, returns the work to wait for)."""
     if hasattr(dist, "all_gather_single"):
-        dist.all_gather_single(out, mine)
-    else:  # older torch releases have only this name (torch 2.13 deprecates it)
-        dist.all_gather_into_tensor(out, mine)
+        return dist.all_gather_single(out, mine, async_op=async_op)
+    # older torch releases have only this name (torch 2.13 deprecates it)
+    return dist.all_gather_into_tensor(out, mine, async_op=async_op)
 
 
 def reduce_scatter_flat(mine: torch.Tensor, full: torch.Tensor, async_op: bool = False):

@@ -184,13 +184,23 @@ def fsdp2(case: Case, m: nn.Module) -> Parts:
     return Parts(sharded, plain_optimizer(case, sharded.parameters()))
 
 
+def zero3(case: Case, m: nn.Module) -> Parts:
+    """Our ZeRO-3 module wrapper, with the case's optimizer over its shards."""
+    from dp_helpers.zero3 import Zero3Module
+
+    wrapped = Zero3Module(m)
+    return Parts(wrapped, plain_optimizer(case, wrapped.parameters()), clip=wrapped.clip_grad_norm_)
+
+
 STRATEGIES = {"DDP": ddp, "MiniDDP, a hook per parameter": mini_per_parameter, "MiniDDP, buckets": mini_bucketed,
-              "ZeRO-1 (ours)": zero(1), "ZeRO-2 (ours)": zero(2), "ZeroRedundancyOptimizer": torch_zero,
-              "fully_shard": fsdp2}
+              "ZeRO-1 (ours)": zero(1), "ZeRO-2 (ours)": zero(2), "ZeRO-3 (ours)": zero3,
+              "ZeroRedundancyOptimizer": torch_zero, "fully_shard": fsdp2}
 
 
 def weights(parts: Parts) -> dict:
     """Full weights by name (FSDP2's DTensors gathered: a collective on every rank)."""
+    if hasattr(parts.module, "full_state_dict"):  # our ZeRO-3: every weight gathered by name
+        return parts.module.full_state_dict()
     state = getattr(parts.module, "module", parts.module).state_dict()
     return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone() for k, v in state.items()}
 

@@ -3,8 +3,9 @@
 The cases are what a user's own model and loop bring (tests/matrix.py): tied weights, frozen parameters, a
 parameter unused in some steps, an output the loss ignores, a short last batch, accumulation over unequal
 micro-batches normalised by the step's sample count, AdamW with weight decay, clipping by the global norm.
-Tolerances, per cell: on 1 rank every strategy is bitwise one process (rtol = atol = 0); on 2-4 ranks a float32
-sum over ranks runs in another order than one sum over the batch, so rtol 1e-6 and atol 1e-7 (largest seen: 3e-8).
+Tolerances, per cell: on 1 rank every strategy is bitwise one process (rtol = atol = 0), but for clipping, where our
+ZeRO-3 sums the squares of its chunks and torch takes the norm of per-tensor norms (1e-8 seen); on 2-4 ranks a
+float32 sum over ranks runs in another order than one sum over the batch, so rtol 1e-6 and atol 1e-7 (3e-8 seen).
 """
 
 import pytest
@@ -20,7 +21,7 @@ REFUSED = {("fully_shard", "tied weights"): "is shared with a parameter already 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_every_strategy_equals_one_process_in_every_case(pools, world):
     ranks = pools.get(world).run(matrix.every_cell)
-    tolerance = {"rtol": 0, "atol": 0} if world == 1 else {"rtol": 1e-6, "atol": 1e-7}
+    exact = {"rtol": 0, "atol": 0} if world == 1 else {"rtol": 1e-6, "atol": 1e-7}
     references = {case: matrix.reference(case) for case in matrix.CASES}
     for (strategy, case), got in ranks[0].items():
         if (strategy, case) in REFUSED:
@@ -28,5 +29,6 @@ def test_every_strategy_equals_one_process_in_every_case(pools, world):
             continue
         for rank, result in enumerate(ranks):
             assert "error" not in result[strategy, case], (strategy, case, rank, result[strategy, case])
+            tolerance = exact if exact["atol"] or case != "clipping by the global norm" else {"rtol": 1e-6, "atol": 1e-7}
             torch.testing.assert_close(result[strategy, case]["weights"], references[case], **tolerance,
                                        msg=lambda m, s=strategy, c=case, r=rank: f"{s}, {c}, rank {r}/{world}: {m}")

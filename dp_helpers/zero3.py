@@ -1,0 +1,202 @@
+"""ZeRO-3 as a module wrapper: `model = Zero3Module(model)`, then any torch optimizer over `model.parameters()`.
+
+nn.Module in, nn.Module out, as torch's `fully_shard`: the wrapper's parameters are this rank's shards, a chunk
+of every parameter (rank-major buckets, as `zero_optim`), and the user's own optimizer steps them. Each module
+that owns parameters is a unit (modules that share a parameter form one unit, as `fully_shard([a, b])` asks):
+
+- before a unit's forward its full parameters are all-gathered, and the next unit's gather is started
+  (prefetched) in the order the first forward ran; after the forward they are freed (storage resized to 0);
+- before the unit's backward they are gathered again (the previous unit prefetched), and once every gradient of
+  the unit has arrived it is reduce-scattered, units in one order on every rank, while the backward goes on;
+- at the end of the backward what no gradient reached is reduced too (zeros), and a parameter no rank had a
+  gradient for keeps `.grad = None` on its shard, so the optimizer skips it as it would in one process;
+- `full_state_dict()` gathers every weight by its original name: a state dict the plain model loads.
+Every rank must run the same units in its forward (as with FSDP). It runs inside a process group.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils._pytree import tree_leaves
+
+from .mini_ddp import broadcast_state, engine_callback
+from .zero import all_gather_flat
+from .zero_optim import Bucket
+
+
+class Unit:
+    """One or more modules' own parameters: full only between a gather and the next free, this rank's shards kept."""
+
+    def __init__(self, modules: list[nn.Module], params: list[torch.Tensor], rank: int, world_size: int):
+        self.modules, self.bucket, self.work = modules, Bucket(params, rank, world_size), None
+        self.nbytes = [p.untyped_storage().nbytes() for p in params] + [self.bucket.buffer.untyped_storage().nbytes()]
+        self.full = True  # as built; release() frees them until the first forward
+        self.release()
+
+    def storages(self) -> list:
+        """The parameters' storages and the gather buffer's: what exists only while the unit is gathered."""
+        return [p.untyped_storage() for p in self.bucket.params] + [self.bucket.buffer.untyped_storage()]
+
+    def start_gather(self) -> None:
+        """Refill the storages and start the all-gather of every rank's chunks (no-op if under way or done)."""
+        if self.full or self.work is not None:
+            return
+        for storage, nbytes in zip(self.storages(), self.nbytes, strict=True):
+            storage.resize_(nbytes)
+        self.work = all_gather_flat(self.bucket.buffer, torch.cat([s.detach() for s in self.bucket.shards]), async_op=True)
+
+    def gather(self) -> None:
+        """The full parameters, now: wait for the all-gather (starting it if needed) and copy them out."""
+        self.start_gather()
+        if self.work is not None:
+            self.work.wait()
+            for p, value in zip(self.bucket.params, self.bucket.unlayout(self.bucket.buffer), strict=True):
+                p.data.copy_(value)  # through .data: autograd's saved references see the values, not a new version
+            self.work, self.full = None, True
+            self.bucket.buffer.untyped_storage().resize_(0)  # the parameters hold the values now
+
+    def release(self) -> None:
+        """Free the full parameters (autograd's saved references see them refilled by the next gather)."""
+        if self.work is not None:
+            self.gather()  # a prefetch under way must land before its storage goes
+        for storage in self.storages():
+            storage.resize_(0)
+        self.full = False
+
+
+class Zero3Module(nn.Module):
+    """ZeRO-3 from scratch behind nn.Module: parameters() are this rank's shards; forward gathers unit by unit."""
+
+    def __init__(self, module: nn.Module, bucket_cap_mb: float | None = None):
+        super().__init__()
+        broadcast_state(module)  # every rank starts from rank 0's weights and buffers
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.names = [(name, p) for name, p in module.named_parameters(remove_duplicate=False)]
+        self.units = [Unit(mods, params, self.rank, self.world_size) for mods, params in units_of(module)]
+        self.unit_of = {p: u for u in self.units for p in u.bucket.params}
+        self.shards = nn.ParameterList([s for u in self.units for s in u.bucket.shards])
+        hide_parameters(module)  # the wrapper's parameters are the shards alone
+        self.module, self.order, self.pending, self.next = module, [], False, 0
+        for unit in self.units:
+            for m in unit.modules:
+                m.register_forward_pre_hook(lambda *_, u=unit: self.before_forward(u))
+                m.register_forward_hook(lambda _, args, out, u=unit: self.after_forward(u, out))
+            for p in unit.bucket.params:
+                p.register_post_accumulate_grad_hook(self.grad_ready)
+
+    def forward(self, *args, **kwargs):
+        """The wrapped module's forward, its units gathered and freed as it goes."""
+        return self.module(*args, **kwargs)
+
+    def before_forward(self, unit: Unit) -> None:
+        """Gather this unit; prefetch the next one in the first forward's order (recorded then)."""
+        if unit not in self.order:
+            self.order.append(unit)
+        unit.gather()
+        self.prefetch(unit, +1)
+
+    def prefetch(self, unit: Unit, direction: int) -> None:
+        """Start the gather of the unit that runs next in this direction (+1 forward, -1 backward)."""
+        k = self.order.index(unit) + direction
+        if 0 <= k < len(self.order) and len(self.order) == len(self.units):
+            self.order[k].start_gather()
+
+    def after_forward(self, unit: Unit, out) -> None:
+        """Free the unit; gather it again (prefetching the previous one) just before its backward needs it."""
+        unit.release()
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.requires_grad:
+                t.register_hook(lambda grad, u=unit: self.before_backward(u))
+
+    def before_backward(self, unit: Unit) -> None:
+        """Gather this unit for its backward; prefetch the unit whose backward comes next."""
+        unit.gather()
+        self.prefetch(unit, -1)
+
+    def grad_ready(self, p: torch.Tensor) -> None:
+        """A gradient is final: move it into its unit; reduce-scatter every complete unit whose turn has come."""
+        if not self.pending:  # the first gradient of this backward: finish the rest when the backward ends
+            engine_callback(self.finish_backward)
+            self.pending, self.before = True, {s: s.grad is None for s in self.shards}
+        self.unit_of[p].bucket.collect(p)
+        backward = self.backward_order()
+        while self.next < len(backward) and backward[self.next].bucket.full():  # one order on every rank
+            backward[self.next].bucket.reduce(async_op=True)
+            backward[self.next].release()
+            self.next += 1
+
+    def backward_order(self) -> list[Unit]:
+        """The order units are reduced in: the reverse of the first forward's (then of registration, if incomplete)."""
+        seen = self.order if len(self.order) == len(self.units) else self.order + [u for u in self.units if u not in self.order]
+        return seen[::-1]
+
+    def finish_backward(self) -> None:
+        """Reduce what this backward did not reach (zeros), wait for every unit, and leave unused shards' .grad None."""
+        try:
+            for unit in self.backward_order()[self.next:]:
+                unit.bucket.reduce(async_op=True)
+            for unit in self.units:
+                unit.bucket.finish()
+                unit.release()
+            self.drop_unused()
+        finally:
+            self.pending, self.next = False, 0
+
+    def drop_unused(self) -> None:
+        """Shards of parameters no rank had a gradient for in this backward go back to .grad = None (if it was)."""
+        params = [p for u in self.units for p in u.bucket.params]
+        flags = torch.tensor([float(p in self.unit_of[p].bucket.had_grad) for p in params])
+        dist.all_reduce(flags)
+        shards = [s for u in self.units for s in u.bucket.shards]
+        for shard, used in zip(shards, flags.tolist(), strict=True):
+            if not used and self.before[shard]:
+                shard.grad = None
+        for unit in self.units:
+            unit.bucket.had_grad = set()
+
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Scale the shards' gradients to a global 2-norm of at most max_norm (the norm over every rank's chunks)."""
+        grads = [s.grad for s in self.shards if s.grad is not None]
+        squares = sum((g.float().pow(2).sum() for g in grads), torch.zeros(()))
+        dist.all_reduce(squares)  # the chunks partition every gradient (the padding adds zeros)
+        norm = squares.sqrt()
+        for g in grads:
+            g.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0))  # as torch.nn.utils.clip_grad_norm_
+        return norm
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Every parameter in full by its original name, and the buffers: a collective, every rank gets it all."""
+        for unit in self.units:
+            unit.gather()
+        state = {name: p.detach().clone() for name, p in self.names}
+        for unit in self.units:
+            unit.release()
+        buffers = {name: b.detach().clone() for name, b in self.module.named_buffers()}
+        return {**state, **buffers}
+
+
+def units_of(module: nn.Module) -> list[tuple[list[nn.Module], list[torch.Tensor]]]:
+    """Modules with parameters of their own, those that share a parameter merged: (modules, their distinct params)."""
+    groups: list[tuple[list[nn.Module], list[torch.Tensor]]] = []
+    for m in module.modules():
+        own = [p for p in m.parameters(recurse=False) if p.requires_grad]
+        if not own:
+            continue
+        joined = [g for g in groups if any(q is p for p in own for q in g[1])]
+        mods, params = [m], list(own)
+        for g in joined:
+            groups.remove(g)
+            mods, params = g[0] + mods, g[1] + [p for p in params if all(p is not q for q in g[1])]
+        groups.append((mods, params))
+    return groups
+
+
+def hide_parameters(module: nn.Module) -> None:
+    """Turn the trained parameters into plain tensor attributes, so the wrapper's parameters are only its shards."""
+    for m in module.modules():
+        for name, p in list(m._parameters.items()):
+            if p is not None and p.requires_grad:
+                del m._parameters[name]
+                object.__setattr__(m, name, p)
