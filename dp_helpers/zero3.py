@@ -16,6 +16,8 @@ Every rank must run the same units in its forward (as with FSDP). It runs inside
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -26,18 +28,34 @@ from .zero import all_gather_flat
 from .zero_optim import Bucket
 
 
+@dataclass(frozen=True)
+class MixedPrecision:
+    """Compute with parameters in param_dtype, reduce gradients in reduce_dtype; the shards stay in their fp32."""
+
+    param_dtype: torch.dtype | None = None  # the full parameters, gathered and computed with (None: as the shards)
+    reduce_dtype: torch.dtype | None = None  # what the reduce-scatter sums (None: param_dtype's)
+    output_dtype: torch.dtype | None = None  # the forward's floating outputs cast to it (None: left as computed)
+
+
 class Unit:
     """One or more modules' own parameters: full only between a gather and the next free, this rank's shards kept."""
 
-    def __init__(self, modules: list[nn.Module], params: list[torch.Tensor], rank: int, world_size: int):
+    def __init__(self, modules: list[nn.Module], params: list[torch.Tensor], rank: int, world_size: int,
+                 mp: MixedPrecision):
         self.modules, self.bucket, self.work = modules, Bucket(params, rank, world_size), None
-        self.nbytes = [p.untyped_storage().nbytes() for p in params] + [self.bucket.buffer.untyped_storage().nbytes()]
+        dtype = mp.param_dtype or params[0].dtype
+        self.bucket.grad_dtype = mp.reduce_dtype or dtype
+        for p in params:
+            p.data = p.data.to(dtype)  # the module computes in param_dtype; the fp32 values live on in the shards
+        self.gathered = torch.empty(self.bucket.buffer.numel(), dtype=dtype, device=self.bucket.buffer.device)
+        self.bucket.buffer.untyped_storage().resize_(0)  # the layout's shape is all the unit needs of it
+        self.nbytes = [p.untyped_storage().nbytes() for p in params] + [self.gathered.untyped_storage().nbytes()]
         self.full = True  # as built; release() frees them until the first forward
         self.release()
 
     def storages(self) -> list:
         """The parameters' storages and the gather buffer's: what exists only while the unit is gathered."""
-        return [p.untyped_storage() for p in self.bucket.params] + [self.bucket.buffer.untyped_storage()]
+        return [p.untyped_storage() for p in self.bucket.params] + [self.gathered.untyped_storage()]
 
     def start_gather(self) -> None:
         """Refill the storages and start the all-gather of every rank's chunks (no-op if under way or done)."""
@@ -45,17 +63,18 @@ class Unit:
             return
         for storage, nbytes in zip(self.storages(), self.nbytes, strict=True):
             storage.resize_(nbytes)
-        self.work = all_gather_flat(self.bucket.buffer, torch.cat([s.detach() for s in self.bucket.shards]), async_op=True)
+        mine = torch.cat([s.detach() for s in self.bucket.shards]).to(self.gathered.dtype)  # sent in param_dtype
+        self.work = all_gather_flat(self.gathered, mine, async_op=True)
 
     def gather(self) -> None:
         """The full parameters, now: wait for the all-gather (starting it if needed) and copy them out."""
         self.start_gather()
         if self.work is not None:
             self.work.wait()
-            for p, value in zip(self.bucket.params, self.bucket.unlayout(self.bucket.buffer), strict=True):
+            for p, value in zip(self.bucket.params, self.bucket.unlayout(self.gathered), strict=True):
                 p.data.copy_(value)  # through .data: autograd's saved references see the values, not a new version
             self.work, self.full = None, True
-            self.bucket.buffer.untyped_storage().resize_(0)  # the parameters hold the values now
+            self.gathered.untyped_storage().resize_(0)  # the parameters hold the values now
 
     def release(self) -> None:
         """Free the full parameters (autograd's saved references see them refilled by the next gather)."""
@@ -69,12 +88,12 @@ class Unit:
 class Zero3Module(nn.Module):
     """ZeRO-3 from scratch behind nn.Module: parameters() are this rank's shards; forward gathers unit by unit."""
 
-    def __init__(self, module: nn.Module, bucket_cap_mb: float | None = None):
+    def __init__(self, module: nn.Module, mixed_precision: MixedPrecision | None = None):
         super().__init__()
         broadcast_state(module)  # every rank starts from rank 0's weights and buffers
-        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.rank, self.world_size, self.mp = dist.get_rank(), dist.get_world_size(), mixed_precision or MixedPrecision()
         self.names = [(name, p) for name, p in module.named_parameters(remove_duplicate=False)]
-        self.units = [Unit(mods, params, self.rank, self.world_size) for mods, params in units_of(module)]
+        self.units = [Unit(mods, params, self.rank, self.world_size, self.mp) for mods, params in units_of(module)]
         self.unit_of = {p: u for u in self.units for p in u.bucket.params}
         self.shards = nn.ParameterList([s for u in self.units for s in u.bucket.shards])
         hide_parameters(module)  # the wrapper's parameters are the shards alone
@@ -87,8 +106,9 @@ class Zero3Module(nn.Module):
                 p.register_post_accumulate_grad_hook(self.grad_ready)
 
     def forward(self, *args, **kwargs):
-        """The wrapped module's forward, its units gathered and freed as it goes."""
-        return self.module(*args, **kwargs)
+        """The wrapped module's forward, its units gathered and freed as it goes (inputs cast to param_dtype)."""
+        args, kwargs = cast_floats((args, kwargs), self.mp.param_dtype)
+        return cast_floats(self.module(*args, **kwargs), self.mp.output_dtype)
 
     def before_forward(self, unit: Unit) -> None:
         """Gather this unit; prefetch the next one in the first forward's order (recorded then)."""
@@ -166,15 +186,33 @@ class Zero3Module(nn.Module):
             g.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0))  # as torch.nn.utils.clip_grad_norm_
         return norm
 
+    def full_value(self, p: torch.Tensor, shard) -> torch.Tensor:
+        """A gathered parameter at the shards' precision: under mixed precision the fp32 master values, gathered."""
+        if shard is None or shard.dtype == p.dtype:
+            return p.detach().clone()
+        full = torch.empty(self.world_size * shard.numel(), dtype=shard.dtype, device=shard.device)
+        all_gather_flat(full, shard.detach())
+        return full[:p.numel()].view(p.shape).clone()
+
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Every parameter in full by its original name, and the buffers: a collective, every rank gets it all."""
         for unit in self.units:
             unit.gather()
-        state = {name: p.detach().clone() for name, p in self.names}
+        shards = {p: s for u in self.units for p, s in zip(u.bucket.params, u.bucket.shards, strict=True)}
+        state = {name: self.full_value(p, shards.get(p)) for name, p in self.names}
         for unit in self.units:
             unit.release()
         buffers = {name: b.detach().clone() for name, b in self.module.named_buffers()}
         return {**state, **buffers}
+
+
+def cast_floats(tree, dtype: torch.dtype | None):
+    """Every floating-point tensor in a nest of lists, tuples and dicts cast to dtype (None: the tree itself)."""
+    if dtype is None:
+        return tree
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t, tree)
 
 
 def units_of(module: nn.Module) -> list[tuple[list[nn.Module], list[torch.Tensor]]]:

@@ -37,12 +37,12 @@ class Bucket:
         # each rank its chunk of every parameter, and one all-gather brings every chunk back
         self.buffer = torch.zeros(world_size * sum(self.sizes), dtype=params[0].dtype, device=params[0].device)
         self.shards = [nn.Parameter(chunk.clone()) for chunk in self.chunks_of(self.layout([p.detach() for p in params]), rank)]
-        self.position = {p: i for i, p in enumerate(params)}
+        self.position, self.grad_dtype = {p: i for i, p in enumerate(params)}, self.buffer.dtype  # dtype reduced in
         self.full_grad, self.ready, self.work, self.mine, self.had_grad = None, set(), None, None, set()
 
-    def layout(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+    def layout(self, tensors: list[torch.Tensor], dtype: torch.dtype | None = None) -> torch.Tensor:
         """Tensors shaped like the parameters, placed in a new rank-major buffer (each padded to world_size chunks)."""
-        out = torch.zeros_like(self.buffer)
+        out = torch.zeros(self.buffer.shape, dtype=dtype or self.buffer.dtype, device=self.buffer.device)
         for i, t in enumerate(tensors):
             self.add_into(out, i, t)
         return out
@@ -71,7 +71,7 @@ class Bucket:
     def collect(self, p: nn.Parameter) -> None:
         """Stage 2: add p's gradient to the bucket's full gradient and free it."""
         if self.full_grad is None:
-            self.full_grad = torch.zeros_like(self.buffer)
+            self.full_grad = torch.zeros(self.buffer.shape, dtype=self.grad_dtype, device=self.buffer.device)
         self.add_into(self.full_grad, self.position[p], p.grad)
         p.grad = None  # the full gradient lives on only inside the bucket, until its reduce-scatter
         self.ready.add(p)
@@ -85,8 +85,9 @@ class Bucket:
         """Reduce-scatter the full gradient (stage 1: from .grad) so this rank gets its chunks, summed over ranks."""
         if self.full_grad is None:  # stage 1, or a stage-2 bucket no gradient reached: zeros where .grad is None
             self.had_grad |= {p for p in self.params if p.grad is not None}
-            self.full_grad = self.layout([torch.zeros_like(p) if p.grad is None else p.grad for p in self.params])
-        self.mine = torch.empty(sum(self.sizes), dtype=self.buffer.dtype, device=self.buffer.device)
+            self.full_grad = self.layout([torch.zeros_like(p) if p.grad is None else p.grad for p in self.params],
+                                         self.grad_dtype)
+        self.mine = torch.empty(sum(self.sizes), dtype=self.grad_dtype, device=self.buffer.device)
         self.work = reduce_scatter_flat(self.mine, self.full_grad, async_op=async_op)
 
     def finish(self) -> None:
@@ -94,6 +95,7 @@ class Bucket:
         if self.work is not None:
             self.work.wait()
         for shard, mean in zip(self.shards, self.chunks_of(self.mine.div_(self.world_size)), strict=True):
+            mean = mean.to(shard.dtype)  # reduced in grad_dtype, kept in the shard's (fp32 master) dtype
             shard.grad = mean.clone() if shard.grad is None else shard.grad.add_(mean)  # / world_size: as DDP
         self.full_grad, self.ready, self.work, self.mine = None, set(), None, None
 
