@@ -14,7 +14,7 @@ MODELS = ("linear", "mlp", "bn", "cnn")
 DATA = ("synthetic", "digits")
 DIGITS_TRAIN, DIGITS_HELD_OUT = 1500, 297  # scikit-learn's 1,797 digits, split once: 1,500 divide evenly over 1-6 ranks
 SYNCS = ("ddp", "manual")
-STRATEGIES = ("ddp", "zero1", "fsdp")
+STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp")
 BN_SYNCS = ("none", "allreduce", "syncbn")
 
 
@@ -66,8 +66,9 @@ class TrainConfig:
                               f"{per_data('model')}", choices=MODELS, kind=str)
     sync: str = option("ddp", "ddp: DistributedDataParallel; manual: all_reduce the gradients by hand", choices=SYNCS)
     strategy: str = option("ddp", "ddp: every rank holds everything; zero1: DDP with torch's ZeroRedundancyOptimizer "
-                                  "(optimizer state sharded); fsdp: torch's fully_shard (parameters, gradients and "
-                                  "state sharded)", choices=STRATEGIES)
+                                  "(optimizer state sharded); zero2: the course's ZeroOptimizer, stage 2 (gradients "
+                                  "and state sharded); zero3: the course's Zero3Module (parameters too); fsdp: torch's "
+                                  "fully_shard (parameters, gradients and state sharded)", choices=STRATEGIES)
     check_grads: bool = option(False, "assert after every backward that all ranks hold identical gradients")
     grad_accum_steps: int = option(1, "micro-batches per optimizer step; DDP all-reduces only on the last (no_sync)",
                                    minimum=1)

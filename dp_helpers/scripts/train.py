@@ -50,6 +50,8 @@ from dp_helpers.training import (
     make_optimizer,
     seed_everything,
 )
+from dp_helpers.zero3 import Zero3Module
+from dp_helpers.zero_optim import ZeroOptimizer
 
 
 def counting_hook(state: dict, bucket):
@@ -71,7 +73,9 @@ def prepare_model(cfg: TrainConfig, info: dph.DistInfo):
     model = model.to(info.device)
     if cfg.strategy == "fsdp":
         return zero.fully_sharded(model)
-    if cfg.sync == "ddp":
+    if cfg.strategy == "zero3":  # the course's ZeRO-3: its parameters are this rank's shards
+        return Zero3Module(model)
+    if cfg.sync == "ddp" and cfg.strategy != "zero2":  # zero2 reduces the gradients itself, without DDP
         return dph.wrap_ddp(model, info)
     broadcast_state(model)  # rank 0's parameters and buffers everywhere, as DDP's constructor makes them
     return model
@@ -210,7 +214,9 @@ def divergence(run_dir: Path, epoch_loss: float) -> str | None:
 
 
 def strategy_optimizer(model, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """SGD; under zero1 torch's ZeroRedundancyOptimizer around it, so each rank keeps the state of its share only."""
+    """SGD; under zero1 torch's ZeroRedundancyOptimizer around it, under zero2 ours: each rank keeps its share's state."""
+    if cfg.strategy == "zero2":
+        return ZeroOptimizer(model.parameters(), torch.optim.SGD, stage=2, lr=cfg.lr, momentum=cfg.momentum)
     if cfg.strategy != "zero1":
         return make_optimizer(model, cfg.lr, cfg.momentum)
     from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -220,8 +226,9 @@ def strategy_optimizer(model, cfg: TrainConfig) -> torch.optim.Optimizer:
 
 def held_per_rank(model, optimizer, info: dph.DistInfo) -> list[dict]:
     """Every rank's bytes of parameters, gradients and optimizer state (from storages; a collective)."""
-    inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer keeps the real one inside
-    params = list(model.parameters())
+    # ZeroRedundancyOptimizer keeps the real optimizer in .optim, ZeroOptimizer in .inner (over its shards)
+    inner = getattr(optimizer, "optim", None) or getattr(optimizer, "inner", None) or optimizer
+    params = list(model.parameters()) + list(getattr(optimizer, "shard_of", {}).values())  # zero2: + its shards
     mine = zero.held_bytes(params, [p.grad for p in params], inner)
     table = [None] * info.world_size
     dist.all_gather_object(table, mine)
@@ -229,7 +236,9 @@ def held_per_rank(model, optimizer, info: dph.DistInfo) -> list[dict]:
 
 
 def full_weights(model) -> dict:
-    """The unwrapped model's full state_dict on CPU (under fsdp gathered from the shards: every rank must call it)."""
+    """The unwrapped model's full state_dict on CPU (under fsdp and zero3 gathered from the shards: every rank calls it)."""
+    if isinstance(model, Zero3Module):
+        return {k: v.cpu() for k, v in model.full_state_dict().items()}
     if not any(hasattr(t, "full_tensor") for t in model.state_dict().values()):
         return {k: v.cpu() for k, v in dph.unwrap(model).state_dict().items()}
     return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).cpu() for k, v in model.state_dict().items()}
@@ -305,7 +314,7 @@ def make_summary(cfg: TrainConfig, info: dph.DistInfo, step: int, history: dict,
     ended = {"status": "stopped", "reason": f"--stop-after {cfg.stop_after}"} \
         if cfg.stop_after and len(losses) < cfg.epochs else {"status": "finished"}
     return {**ended, "checkpoint": cfg.checkpoint or None, "config": cfg.as_dict(), "world_size": info.world_size,
-            "backend": info.backend, "sync": cfg.sync if cfg.strategy != "fsdp" else None,  # fsdp: fully_shard's own
+            "backend": info.backend, "sync": cfg.sync if cfg.strategy in ("ddp", "zero1") else None,  # the others reduce their own way
             "device": str(info.device), "global_batch_size": plan.global_batch,
             "steps": step, "epoch_losses": losses, "final_loss": losses[-1] if losses else None, **scores,
             "final_accuracy": scores["held_out_accuracy"][-1] if scores.get("held_out_accuracy") else None,
