@@ -11,7 +11,8 @@ that owns parameters is a unit (modules that share a parameter form one unit, as
 - at the end of the backward what no gradient reached is reduced too (zeros), and a parameter no rank had a
   gradient for keeps `.grad = None` on its shard, so the optimizer skips it as it would in one process;
 - `full_state_dict()` gathers every weight by its original name: a state dict the plain model loads.
-Every rank must run the same units in its forward (as with FSDP). It runs inside a process group.
+Every rank must run the same units in its forward (as with FSDP). It runs inside a process group. Notebook 08
+teaches ZeRO-3 with `zero.Zero3`, the same gather-free-reduce schedule without prefetching, around Adam alone.
 """
 
 from __future__ import annotations

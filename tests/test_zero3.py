@@ -116,3 +116,19 @@ def test_mixed_precision_equals_its_one_process_emulation(pools, policy):
     plain = mlp(seed=0)
     plain.load_state_dict(got[0])  # fp32 master weights, by name
     assert all(v.dtype == torch.float32 for v in got[0].values())
+
+
+def timed(info) -> dict:
+    """The strategy-times script's measurement, as small as it gets."""
+    from dp_helpers.scripts import strategy_times
+
+    return strategy_times.measure(info, strategy_times.parse_args(["--width", "16", "--depth", "2", "--rounds", "1",
+                                                                   "--steps", "1", "--batch", "8"]))
+
+
+@pytest.mark.slow
+def test_the_strategy_times_script_times_every_strategy(pools):
+    from dp_helpers.scripts.strategy_times import STRATEGIES
+
+    for rank in pools.get(2).run(timed):
+        assert list(rank["seconds_per_step"]) == list(STRATEGIES) and all(t > 0 for t in rank["seconds_per_step"].values())
