@@ -87,10 +87,17 @@ def large_batch_run(tmp_path_factory, pools):
     return launch_train(pools, tmp_path_factory.mktemp("w1") / "run", 1, batch_size=20)
 
 
+@pytest.fixture(scope="module")
+def sharded_reference(tmp_path_factory, pools):
+    """One process with the global batch 20, SGD with momentum, the MLP: what every sharded run must end with."""
+    return launch_train(pools, tmp_path_factory.mktemp("alone") / "run", 1, batch_size=20, momentum=0.9, model="mlp",
+                        epochs=3)
+
+
 @pytest.mark.parametrize("strategy", ["zero1", "zero2", "zero3", "fsdp"])
-def test_sharded_strategies_keep_the_invariant_and_record_bytes(tmp_path, pools, strategy):
+def test_sharded_strategies_keep_the_invariant_and_record_bytes(tmp_path, pools, sharded_reference, strategy):
     run = launch_train(pools, tmp_path / "run", 2, batch_size=10, strategy=strategy, momentum=0.9, model="mlp", epochs=3)
-    alone = launch_train(pools, tmp_path / "alone", 1, batch_size=20, momentum=0.9, model="mlp", epochs=3)
+    alone = sharded_reference
     torch.testing.assert_close(final_weights(run.run_dir), final_weights(alone.run_dir))  # full weights in model.pt
     held, whole = run.summary["held_bytes"], alone.summary["held_bytes"][0]
     assert len(held) == 2 and all(h["optimizer state"] < whole["optimizer state"] for h in held)  # the state is split
