@@ -138,13 +138,13 @@ class GlobalBatchNorm1d(torch.nn.BatchNorm1d):
         self._check_input_dim(x)
         from torch.distributed.nn.functional import all_reduce  # noqa: I001 (its backward all-reduces the gradients too)
 
-        dims, shape = [0, *range(2, x.dim())], [1, -1] + [1] * (x.dim() - 2)  # every axis but the channels'
-        count = all_reduce(torch.tensor([float(x.numel() // x.shape[1])], device=x.device, dtype=x.dtype))
-        mean = all_reduce(x.sum(dims)) / count  # N * L values per channel on every rank together
-        var = all_reduce(((x - mean.view(shape)) ** 2).sum(dims)) / count  # two passes, as BatchNorm, for accuracy
+        dims, shape, xf = [0, *range(2, x.dim())], [1, -1] + [1] * (x.dim() - 2), x.float()  # statistics in fp32
+        count = all_reduce(torch.tensor([float(x.numel() // x.shape[1])], device=x.device))
+        mean = all_reduce(xf.sum(dims)) / count  # N * L values per channel on every rank together
+        var = all_reduce(((xf - mean.view(shape)) ** 2).sum(dims)) / count  # two passes, as BatchNorm, for accuracy
         if self.track_running_stats:
             self.update_running_stats(mean, var, count)
-        y = (x - mean.view(shape)) / torch.sqrt(var.view(shape) + self.eps)
+        y = ((xf - mean.view(shape)) / torch.sqrt(var.view(shape) + self.eps)).to(x.dtype)
         return y * self.weight.view(shape) + self.bias.view(shape) if self.affine else y
 
     @torch.no_grad()
@@ -157,14 +157,16 @@ class GlobalBatchNorm1d(torch.nn.BatchNorm1d):
 
     @classmethod
     def convert(cls, module: torch.nn.Module) -> torch.nn.Module:
-        """Replace every BatchNorm1d in `module` by a GlobalBatchNorm1d with the same weights and buffers."""
+        """Every BatchNorm1d in `module` (itself included) as a GlobalBatchNorm1d sharing its parameters and buffers."""
+        if isinstance(module, torch.nn.BatchNorm1d) and not isinstance(module, cls):
+            new = cls(module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats)
+            if module.affine:  # the same Parameter objects: an optimizer built already still trains them
+                new.weight, new.bias = module.weight, module.bias
+            for name, buffer in module.named_buffers(recurse=False):
+                setattr(new, name, buffer)
+            return new.train(module.training)
         for name, child in module.named_children():
-            if isinstance(child, torch.nn.BatchNorm1d) and not isinstance(child, cls):
-                new = cls(child.num_features, child.eps, child.momentum, child.affine, child.track_running_stats)
-                new.load_state_dict(child.state_dict())
-                setattr(module, name, new)
-            else:
-                cls.convert(child)
+            setattr(module, name, cls.convert(child))
         return module
 
 

@@ -172,7 +172,8 @@ class MiniDDP(AsyncAllReduce):
 
     # Where it differs from DDP: DDP's first iteration puts every parameter in one bucket (ours start from the reverse
     # of registration order); ours copies gradients into its buckets (no gradient_as_bucket_view), needs one dtype
-    # and device, and has no communication hooks.
+    # and device, has no communication hooks, and does not broadcast rank 0's buffers before each forward (DDP's
+    # forward_sync_buffers: BatchNorm's running statistics stay each rank's own here).
 
     def __init__(self, module: nn.Module, bucket_cap_mb: float | None = None, find_unused_parameters: bool = False):
         super().__init__(module)
@@ -180,7 +181,7 @@ class MiniDDP(AsyncAllReduce):
         if len({(p.dtype, p.device) for p in self.params}) > 1:  # DDP keeps a bucket per dtype and device; ours does not
             raise ValueError("MiniDDP needs every trained parameter on one device with one dtype.")
         self.caps, self.find_unused, self.unused, self.order = ddp_caps(bucket_cap_mb), find_unused_parameters, [], []
-        self.index = {p: i for i, p in enumerate(self.params)}
+        self.index, self.seen = {p: i for i, p in enumerate(self.params)}, set()
         self.names = {p: name for name, p in module.named_parameters()}  # for messages
         groups = assign_buckets([p.numel() * p.element_size() for p in self.params], self.caps)
         self.make_buckets([[self.params[i] for i in group] for group in reversed(groups)])  # DDP's first guess
@@ -193,12 +194,12 @@ class MiniDDP(AsyncAllReduce):
 
     def rebuild(self) -> None:
         """Regroup along the order observed in the last backward, rank 0's on every rank (DDP's one rebuild)."""
-        order = torch.tensor([self.index[p] for p in self.order])
+        order = torch.tensor([self.index[p] for p in self.order], device=self.params[0].device)  # nccl: on the GPU
         dist.broadcast(order, 0)  # ranks may see different orders; all must bucket alike
         params = [self.params[i] for i in order.tolist()]
         groups = assign_buckets([p.numel() * p.element_size() for p in params], self.caps)
         self.make_buckets([[params[i] for i in group] for group in groups])
-        self.rebuilt, self.order = True, []
+        self.rebuilt, self.order, self.seen = True, [], set()
 
     def launch(self, param: nn.Parameter) -> None:
         """Mark param ready; all-reduce every full bucket whose turn has come (all ranks must launch in one order)."""
@@ -207,8 +208,9 @@ class MiniDDP(AsyncAllReduce):
             raise RuntimeError(f"{self.names[param]} was marked ready twice in one backward: it got a gradient although "
                                "the last forward did not use it (two forwards before one backward?).")
         bucket.ready.add(param)
-        if not self.rebuilt:
+        if not self.rebuilt and param not in self.seen:  # the first backward's order, each parameter once
             self.order.append(param)
+            self.seen.add(param)
         while self.next < len(self.buckets) and self.buckets[self.next].full():
             bucket = self.buckets[self.next]
             bucket.launch(dist.get_world_size())
@@ -236,12 +238,17 @@ class MiniDDP(AsyncAllReduce):
 
     def unused_everywhere(self) -> frozenset:
         """The parameters no rank has a gradient for (one all-reduce of a flag per parameter, as DDP's used map)."""
-        flags = torch.tensor([float(p.grad is not None) for p in self.params])
+        flags = torch.tensor([float(p.grad is not None) for p in self.params], device=self.params[0].device)
         dist.all_reduce(flags)
         return frozenset(p for p, f in zip(self.params, flags.tolist(), strict=True) if f == 0)
 
     def forward(self, *args, **kwargs):
         """The module's forward: rebuild first if a backward has shown the order; note what the graph does not reach."""
+        if self.waiting:  # the last backward raised before its end: its callback never ran, so start afresh
+            self.waiting, self.pending = False, []
+            for bucket in self.buckets:
+                bucket.ready, bucket.work = set(), None
+            self.next = 0
         if torch.is_grad_enabled() and self.sync and not self.rebuilt and self.order:
             self.rebuild()
         out = self.module(*args, **kwargs)

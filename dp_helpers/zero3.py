@@ -9,7 +9,9 @@ that owns parameters is a unit (modules that share a parameter form one unit, as
 - before the unit's backward they are gathered again (the previous unit prefetched), and once every gradient of
   the unit has arrived it is reduce-scattered, units in one order on every rank, while the backward goes on;
 - at the end of the backward what no gradient reached is reduced too (zeros), and a parameter no rank had a
-  gradient for keeps `.grad = None` on its shard, so the optimizer skips it as it would in one process;
+  gradient for keeps `.grad = None` on its shard, so the optimizer skips it as it would in one process (every rank
+  must still run the same units: a unit used on some ranks only would leave their all-gathers unmatched);
+- clip with `model.clip_grad_norm_` (the norm over every rank's chunks; torch.nn.utils' would see one rank's);
 - `full_state_dict()` gathers every weight by its original name: a state dict the plain model loads.
 Every rank must run the same units in its forward (as with FSDP). It runs inside a process group. Notebook 08
 teaches ZeRO-3 with `zero.Zero3`, the same gather-free-reduce schedule without prefetching, around Adam alone.
@@ -108,6 +110,10 @@ class Zero3Module(nn.Module):
 
     def forward(self, *args, **kwargs):
         """The wrapped module's forward, its units gathered and freed as it goes (inputs cast to param_dtype)."""
+        if self.pending:  # the last backward raised before its end: its callback never ran, so start afresh
+            self.pending, self.next = False, 0
+        for unit in self.units:  # left full (a prefetch whose unit did not run, torch.autograd.grad): stale after a step
+            unit.release()
         args, kwargs = cast_floats((args, kwargs), self.mp.param_dtype)
         return cast_floats(self.module(*args, **kwargs), self.mp.output_dtype)
 
@@ -146,6 +152,8 @@ class Zero3Module(nn.Module):
         while self.next < len(backward) and backward[self.next].bucket.full():  # one order on every rank
             backward[self.next].bucket.reduce(async_op=True)
             backward[self.next].release()
+            if self.next > 0:  # the previous unit's full gradient goes as soon as its chunks have arrived
+                backward[self.next - 1].bucket.finish()
             self.next += 1
 
     def backward_order(self) -> list[Unit]:
@@ -168,7 +176,7 @@ class Zero3Module(nn.Module):
     def drop_unused(self) -> None:
         """Shards of parameters no rank had a gradient for in this backward go back to .grad = None (if it was)."""
         params = [p for u in self.units for p in u.bucket.params]
-        flags = torch.tensor([float(p in self.unit_of[p].bucket.had_grad) for p in params])
+        flags = torch.tensor([float(p in self.unit_of[p].bucket.had_grad) for p in params], device=params[0].device)
         dist.all_reduce(flags)
         shards = [s for u in self.units for s in u.bucket.shards]
         for shard, used in zip(shards, flags.tolist(), strict=True):
@@ -180,7 +188,7 @@ class Zero3Module(nn.Module):
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Scale the shards' gradients to a global 2-norm of at most max_norm (the norm over every rank's chunks)."""
         grads = [s.grad for s in self.shards if s.grad is not None]
-        squares = sum((g.float().pow(2).sum() for g in grads), torch.zeros(()))
+        squares = sum((g.float().pow(2).sum() for g in grads), torch.zeros((), device=self.shards[0].device))
         dist.all_reduce(squares)  # the chunks partition every gradient (the padding adds zeros)
         norm = squares.sqrt()
         for g in grads:
@@ -196,15 +204,20 @@ class Zero3Module(nn.Module):
         return full[:p.numel()].view(p.shape).clone()
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Every parameter in full by its original name, and the buffers: a collective, every rank gets it all."""
-        for unit in self.units:
+        """Every parameter in full by its original name, and the persistent buffers: a collective, every rank gets all."""
+        names = {}
+        for name, p in self.names:
+            names.setdefault(p, []).append(name)  # a tied weight under each of its names, as the plain model's
+        state = {}
+        for unit in self.units:  # one unit full at a time
             unit.gather()
-        shards = {p: s for u in self.units for p, s in zip(u.bucket.params, u.bucket.shards, strict=True)}
-        state = {name: self.full_value(p, shards.get(p)) for name, p in self.names}
-        for unit in self.units:
+            for p, shard in zip(unit.bucket.params, unit.bucket.shards, strict=True):
+                value = self.full_value(p, shard)
+                state.update({name: value for name in names.pop(p)})
             unit.release()
-        buffers = {name: b.detach().clone() for name, b in self.module.named_buffers()}
-        return {**state, **buffers}
+        rest = self.module.state_dict()  # what is left: frozen parameters and persistent buffers
+        return {name: state[name] if name in state else rest[name].detach().clone() for name, _ in self.names} | {
+            k: v.detach().clone() for k, v in rest.items() if k not in state}
 
 
 def cast_floats(tree, dtype: torch.dtype | None):

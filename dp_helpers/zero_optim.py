@@ -9,9 +9,12 @@ Unlike it, it reduces the gradients itself, so it is used on the plain model and
   the order the backward produces gradients), each padded to a multiple of world_size; rank r owns chunk r of
   every bucket, and the inner optimizer steps only those chunks (elementwise optimizers: SGD, Adam, AdamW, ...);
 - stage 1 keeps the full local gradients and reduce-scatters them at `step`;
-- stage 2 reduce-scatters each bucket **during the backward**, as soon as its last gradient is ready, and frees
-  the full gradients once they are copied into the bucket: between steps a rank holds only its chunks of them;
+- stage 2 reduce-scatters each bucket **during the backward**, as soon as its last gradient is ready, frees each
+  parameter's `.grad` once it is in its bucket, and each bucket's full gradient once the next bucket is launched:
+  at most two buckets' full gradients at a time, and between steps a rank holds only its chunks of them;
 - `step` then all-gathers every bucket, so each rank's model holds the new full parameters.
+Limits: clip with `optimizer.clip_grad_norm_` (torch.nn.utils' sees no stage-2 gradients and stage 1's unreduced
+ones); `GradScaler` is not supported; a parameter frozen when the optimizer is built stays out of it.
 Taught in notebook 08 (its ZeroAdam is the same idea around Adam alone); it runs inside a process group.
 """
 
@@ -37,6 +40,8 @@ class Bucket:
         # each rank its chunk of every parameter, and one all-gather brings every chunk back
         self.buffer = torch.zeros(world_size * sum(self.sizes), dtype=params[0].dtype, device=params[0].device)
         self.shards = [nn.Parameter(chunk.clone()) for chunk in self.chunks_of(self.layout([p.detach() for p in params]), rank)]
+        self.nbytes = self.buffer.untyped_storage().nbytes()
+        self.buffer.untyped_storage().resize_(0)  # the gather's landing place: memory only while gathering
         self.position, self.grad_dtype = {p: i for i, p in enumerate(params)}, self.buffer.dtype  # dtype reduced in
         self.full_grad, self.ready, self.work, self.mine, self.had_grad = None, set(), None, None, set()
 
@@ -92,6 +97,8 @@ class Bucket:
 
     def finish(self) -> None:
         """Wait for the reduce-scatter and add the mean of each chunk to its shard's .grad; free the full gradient."""
+        if self.mine is None:  # finished already (or never reduced): nothing to add
+            return
         if self.work is not None:
             self.work.wait()
         for shard, mean in zip(self.shards, self.chunks_of(self.mine.div_(self.world_size)), strict=True):
@@ -101,9 +108,11 @@ class Bucket:
 
     def gather(self) -> None:
         """All-gather every rank's chunks and write the new full values into the parameters."""
+        self.buffer.untyped_storage().resize_(self.nbytes)
         all_gather_flat(self.buffer, torch.cat([s.detach() for s in self.shards]))
         for p, value in zip(self.params, self.unlayout(self.buffer), strict=True):
             p.data.copy_(value)
+        self.buffer.untyped_storage().resize_(0)
 
 
 class ZeroOptimizer(torch.optim.Optimizer):
@@ -133,8 +142,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
             self.buckets.append(bucket)
             for p, shard in zip(bucket.params, bucket.shards, strict=True):
                 self.bucket_of[p], self.shard_of[p] = bucket, shard
-                if self.stage == 2:
-                    p.register_post_accumulate_grad_hook(self.collect)
+                if getattr(p, "_zero_hook", None) is not None:  # a newer ZeroOptimizer takes over from an older one
+                    p._zero_hook.remove()
+                p._zero_hook = p.register_post_accumulate_grad_hook(self.collect) if self.stage == 2 else None
         inner = {**{k: v for k, v in group.items() if k != "params"}, "params": [s for b in new for s in b.shards]}
         if self.inner is None:
             self.inner = self.optimizer_class([inner], **self.defaults)
@@ -151,6 +161,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self.bucket_of[p].collect(p)
         while self.next < len(self.buckets) and self.buckets[self.next].full():  # in order: every rank alike
             self.buckets[self.next].reduce(async_op=True)
+            if self.next > 0:  # the previous bucket's full gradient goes as soon as its chunks have arrived
+                self.buckets[self.next - 1].finish()
             self.next += 1
 
     def finish_backward(self) -> None:
@@ -177,7 +189,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
     def drop_unused(self) -> None:
         """Shards of parameters no rank had a gradient for get .grad None, so the inner optimizer skips them."""
         params = [p for b in self.buckets for p in b.params]
-        flags = torch.tensor([float(p in self.bucket_of[p].had_grad) for p in params])
+        flags = torch.tensor([float(p in self.bucket_of[p].had_grad) for p in params], device=params[0].device)
         dist.all_reduce(flags)  # one small all-reduce per step, as DDP's map of used parameters
         for p, used in zip(params, flags.tolist(), strict=True):
             if not used:
@@ -197,9 +209,13 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self.zero_grad_shards()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Forget the full gradients and this rank's reduced chunks."""
+        """Forget the full gradients (zeroed in place with set_to_none=False) and this rank's reduced chunks."""
         for p in self.bucket_of:
-            p.grad = None
+            if set_to_none or p.grad is None:
+                p.grad = None
+            else:
+                p.grad.zero_()
+        self.pending, self.next = False, 0  # a backward that raised never reached its end: start afresh
         self.zero_grad_shards()
 
     def zero_grad_shards(self) -> None:
@@ -214,7 +230,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         """Scale the reduced gradients to a global 2-norm of at most max_norm; the norm over every rank's chunks."""
         self.reduce_gradients()
         grads = [s.grad for s in self.shard_of.values() if s.grad is not None]
-        squares = sum((g.float().pow(2).sum() for g in grads), torch.zeros(()))
+        squares = sum((g.float().pow(2).sum() for g in grads), torch.zeros((), device=self.buckets[0].buffer.device))
         dist.all_reduce(squares)  # the chunks partition the gradient (the padding adds zeros)
         norm = squares.sqrt()
         scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)  # as torch.nn.utils.clip_grad_norm_
@@ -256,16 +272,27 @@ class ZeroOptimizer(torch.optim.Optimizer):
         for i, entry in state_dict["state"].items():
             p = params[int(i)]
             if p in self.shard_of:
-                self.inner.state[self.shard_of[p]] = {k: self.chunk_of(p, v) for k, v in entry.items()}
+                shard = self.shard_of[p]
+                self.inner.state[shard] = {k: on_shard(self.chunk_of(p, v, k), shard, k) for k, v in entry.items()}
 
-    def chunk_of(self, p: nn.Parameter, value):
+    def chunk_of(self, p: nn.Parameter, value, key: str = ""):
         """This rank's chunk of one state entry of p (a per-element tensor), or the entry itself (a step count)."""
-        if not (isinstance(value, torch.Tensor) and value.shape == p.shape and p.dim() > 0):
+        if not (isinstance(value, torch.Tensor) and value.shape == p.shape and (p.dim() > 0 or key != "step")):
             return value.clone() if isinstance(value, torch.Tensor) else value
         size = padded(p.numel(), self.world_size) // self.world_size
         flat = torch.zeros(size * self.world_size, dtype=value.dtype, device=value.device)
         flat[:p.numel()] = value.reshape(-1)
         return flat[self.rank * size:(self.rank + 1) * size].clone()
+
+
+def on_shard(value, shard: nn.Parameter, key: str):
+    """A loaded state entry on the shard's device (and dtype, for per-element floats), as a plain optimizer casts it."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    if key != "step" and value.is_floating_point() and value.shape == shard.shape:
+        return value.to(device=shard.device, dtype=shard.dtype)
+    return value.to(shard.device) if value.dim() else value  # a step count may stay where torch keeps it
+
 
 
 def refuse_ddp(params) -> None:

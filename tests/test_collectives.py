@@ -179,3 +179,15 @@ def test_global_batchnorm_is_batchnorm_on_the_global_batch(pools, shape, kwargs)
         torch.testing.assert_close(rank["state"], bn.state_dict(), **tol)
     summed = {n: sum(r["param_grads"][n] for r in ranks) for n in ranks[0]["param_grads"]}  # accumulated over the 3 steps
     torch.testing.assert_close(summed, {n: p.grad for n, p in bn.named_parameters()}, rtol=1e-4, atol=1e-4)
+
+
+def test_convert_keeps_the_parameters_buffers_and_mode():
+    from dp_helpers.collectives import GlobalBatchNorm1d
+
+    bn = torch.nn.BatchNorm1d(4).eval()
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    weight = net[1].weight
+    converted = GlobalBatchNorm1d.convert(net)
+    assert isinstance(converted[1], GlobalBatchNorm1d) and converted[1].weight is weight  # an optimizer built before
+    root = GlobalBatchNorm1d.convert(bn)  # a BatchNorm at the root is converted too, in its mode
+    assert isinstance(root, GlobalBatchNorm1d) and not root.training and root.running_mean is bn.running_mean

@@ -4,7 +4,7 @@ The cases are what a user's own model and loop bring (tests/matrix.py): tied wei
 parameter unused in some steps, an output the loss ignores, a short last batch, accumulation over unequal
 micro-batches normalised by the step's sample count, AdamW with weight decay, clipping by the global norm.
 Tolerances, per cell: on 1 rank every strategy is bitwise one process (rtol = atol = 0), but for clipping, where our
-ZeRO-3 sums the squares of its chunks and torch takes the norm of per-tensor norms (1e-8 seen); on 2-4 ranks a
+ZeRO stages sum the squares of their chunks and torch takes the norm of per-tensor norms (ZeRO-3: 1e-8 seen); on 2-4 ranks a
 float32 sum over ranks runs in another order than one sum over the batch, so rtol 1e-6 and atol 1e-7 (3e-8 seen).
 """
 

@@ -147,3 +147,24 @@ def refused(info) -> str:
 @pytest.mark.slow
 def test_a_ddp_model_is_refused(pools):
     assert "not a DistributedDataParallel model's" in pools.get(2).run(refused)[0]
+
+
+def rebuilt_and_zeroed(info) -> dict:
+    """A second stage-2 ZeroOptimizer over the same model (a notebook cell run twice), and zero_grad(set_to_none=False)."""
+    from dp_helpers.zero_optim import ZeroOptimizer
+
+    m = model(seed=0)
+    ZeroOptimizer(m.parameters(), torch.optim.SGD, stage=2, lr=0.1)  # its hooks must not outlive the next one's
+    opt = ZeroOptimizer(m.parameters(), torch.optim.SGD, stage=2, lr=0.1)
+    x, y = data(info.world_size, 1)[0]
+    bce_loss(m(x).squeeze(1), y).backward()
+    opt.step()
+    stage1 = ZeroOptimizer(m.parameters(), torch.optim.SGD, stage=1, lr=0.1)
+    bce_loss(m(x).squeeze(1), y).backward()
+    stage1.zero_grad(set_to_none=False)
+    return {"grads kept and zeroed": all(p.grad is not None and not p.grad.any() for p in m.parameters())}
+
+
+@pytest.mark.slow
+def test_a_second_optimizer_replaces_the_first_and_zero_grad_can_keep_tensors(pools):
+    assert pools.get(2).run(rebuilt_and_zeroed)[0] == {"grads kept and zeroed": True}
