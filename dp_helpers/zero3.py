@@ -28,7 +28,7 @@ from torch.utils._pytree import tree_leaves
 
 from .mini_ddp import broadcast_state, engine_callback
 from .zero import all_gather_flat
-from .zero_optim import Bucket
+from .zero_optim import Bucket, clip_chunks_, used_anywhere
 
 
 @dataclass(frozen=True)
@@ -175,25 +175,17 @@ class Zero3Module(nn.Module):
 
     def drop_unused(self) -> None:
         """Shards of parameters no rank had a gradient for in this backward go back to .grad = None (if it was)."""
-        params = [p for u in self.units for p in u.bucket.params]
-        flags = torch.tensor([float(p in self.unit_of[p].bucket.had_grad) for p in params], device=params[0].device)
-        dist.all_reduce(flags)
-        shards = [s for u in self.units for s in u.bucket.shards]
-        for shard, used in zip(shards, flags.tolist(), strict=True):
-            if not used and self.before[shard]:
-                shard.grad = None
+        used = used_anywhere([u.bucket for u in self.units])
+        for unit in self.units:
+            for p, shard in zip(unit.bucket.params, unit.bucket.shards, strict=True):
+                if not used[p] and self.before[shard]:
+                    shard.grad = None
         for unit in self.units:
             unit.bucket.had_grad = set()
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Scale the shards' gradients to a global 2-norm of at most max_norm (the norm over every rank's chunks)."""
-        grads = [s.grad for s in self.shards if s.grad is not None]
-        squares = sum((g.float().pow(2).sum() for g in grads), torch.zeros((), device=self.shards[0].device))
-        dist.all_reduce(squares)  # the chunks partition every gradient (the padding adds zeros)
-        norm = squares.sqrt()
-        for g in grads:
-            g.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0))  # as torch.nn.utils.clip_grad_norm_
-        return norm
+        return clip_chunks_(list(self.shards), max_norm)
 
     def full_value(self, p: torch.Tensor, shard) -> torch.Tensor:
         """A gathered parameter at the shards' precision: under mixed precision the fp32 master values, gathered."""

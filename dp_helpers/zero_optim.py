@@ -188,10 +188,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     def drop_unused(self) -> None:
         """Shards of parameters no rank had a gradient for get .grad None, so the inner optimizer skips them."""
-        params = [p for b in self.buckets for p in b.params]
-        flags = torch.tensor([float(p in self.bucket_of[p].had_grad) for p in params], device=params[0].device)
-        dist.all_reduce(flags)  # one small all-reduce per step, as DDP's map of used parameters
-        for p, used in zip(params, flags.tolist(), strict=True):
+        for p, used in used_anywhere(self.buckets).items():
             if not used:
                 self.shard_of[p].grad = None
 
@@ -229,14 +226,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Scale the reduced gradients to a global 2-norm of at most max_norm; the norm over every rank's chunks."""
         self.reduce_gradients()
-        grads = [s.grad for s in self.shard_of.values() if s.grad is not None]
-        squares = sum((g.float().pow(2).sum() for g in grads), torch.zeros((), device=self.buckets[0].buffer.device))
-        dist.all_reduce(squares)  # the chunks partition the gradient (the padding adds zeros)
-        norm = squares.sqrt()
-        scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)  # as torch.nn.utils.clip_grad_norm_
-        for g in grads:
-            g.mul_(scale)
-        return norm
+        return clip_chunks_(list(self.shard_of.values()), max_norm)
 
     def consolidate_state_dict(self, to: int = 0) -> None:
         """Gather the whole optimizer state on rank `to` (a collective: every rank calls it), for state_dict()."""
@@ -283,6 +273,25 @@ class ZeroOptimizer(torch.optim.Optimizer):
         flat = torch.zeros(size * self.world_size, dtype=value.dtype, device=value.device)
         flat[:p.numel()] = value.reshape(-1)
         return flat[self.rank * size:(self.rank + 1) * size].clone()
+
+
+def used_anywhere(buckets: list[Bucket]) -> dict:
+    """Parameter -> whether any rank had a gradient for it (one small all-reduce, as DDP's map of used parameters)."""
+    params = [p for b in buckets for p in b.params]
+    flags = torch.tensor([float(p in b.had_grad) for b in buckets for p in b.params], device=params[0].device)
+    dist.all_reduce(flags)
+    return {p: bool(f) for p, f in zip(params, flags.tolist(), strict=True)}
+
+
+def clip_chunks_(shards: list[nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Scale the shards' gradients to a global 2-norm of at most max_norm: the norm over every rank's chunks."""
+    grads = [s.grad for s in shards if s.grad is not None]
+    squares = sum((g.float().pow(2).sum() for g in grads), torch.zeros((), device=shards[0].device))
+    dist.all_reduce(squares)  # the chunks partition every gradient (the padding adds zeros)
+    norm = squares.sqrt()
+    for g in grads:
+        g.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0))  # as torch.nn.utils.clip_grad_norm_
+    return norm
 
 
 def on_shard(value, shard: nn.Parameter, key: str):
