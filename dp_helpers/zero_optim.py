@@ -234,18 +234,18 @@ class ZeroOptimizer(torch.optim.Optimizer):
         state = {}
         for p, shard in self.shard_of.items():
             for key, value in sorted(self.inner.state.get(shard, {}).items()):
-                state.setdefault(index[p], {})[key] = self.gathered(p, shard, value)
+                state.setdefault(index[p], {})[key] = self.gathered(p, shard, value, to)
         groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [index[p] for p in g["params"]]}
                   for g in self.param_groups]
         self._consolidated = {"state": state, "param_groups": groups} if self.rank == to else None
 
-    def gathered(self, p: nn.Parameter, shard: nn.Parameter, value):
-        """One state entry of p: a per-element tensor all-gathered from every rank's chunk, anything else copied."""
+    def gathered(self, p: nn.Parameter, shard: nn.Parameter, value, to: int):
+        """One state entry of p on rank `to`: a per-element tensor gathered from every rank's chunk, else copied."""
         if not (isinstance(value, torch.Tensor) and value.shape == shard.shape):
             return value.clone() if isinstance(value, torch.Tensor) else value
-        full = torch.empty(self.world_size * shard.numel(), dtype=value.dtype, device=value.device)
-        all_gather_flat(full, value.detach().contiguous())
-        return full[:p.numel()].view_as(p).clone()
+        chunks = [torch.empty_like(value) for _ in range(self.world_size)] if self.rank == to else None
+        dist.gather(value.detach().contiguous(), chunks, dst=to)  # only rank `to` ever holds the whole state
+        return torch.cat(chunks)[:p.numel()].view_as(p).clone() if self.rank == to else None
 
     def state_dict(self) -> dict:
         """The consolidated state, in the plain optimizer's format (after consolidate_state_dict, on that rank)."""
