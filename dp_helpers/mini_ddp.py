@@ -225,9 +225,13 @@ class MiniDDP(AsyncAllReduce):
             for bucket in self.buckets:
                 bucket.finish(skipped)
         finally:
-            for bucket in self.buckets:
-                bucket.ready, bucket.work = set(), None
-            self.next = 0
+            self.empty_buckets()
+
+    def empty_buckets(self) -> None:
+        """Every bucket back to empty, none launched: how each backward starts."""
+        for bucket in self.buckets:
+            bucket.ready, bucket.work = set(), None
+        self.next = 0
 
     def finish_backward(self) -> None:
         """The engine callback; with find_unused_parameters, what this backward never reached counts as unused first."""
@@ -246,9 +250,7 @@ class MiniDDP(AsyncAllReduce):
         """The module's forward: rebuild first if a backward has shown the order; note what the graph does not reach."""
         if self.waiting:  # the last backward raised before its end: its callback never ran, so start afresh
             self.waiting, self.pending = False, []
-            for bucket in self.buckets:
-                bucket.ready, bucket.work = set(), None
-            self.next = 0
+            self.empty_buckets()
         if torch.is_grad_enabled() and self.sync and not self.rebuilt and self.order:
             self.rebuild()
         out = self.module(*args, **kwargs)

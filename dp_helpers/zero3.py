@@ -51,7 +51,6 @@ class Unit:
         for p in params:
             p.data = p.data.to(dtype)  # the module computes in param_dtype; the fp32 values live on in the shards
         self.gathered = torch.empty(self.bucket.buffer.numel(), dtype=dtype, device=self.bucket.buffer.device)
-        self.bucket.buffer.untyped_storage().resize_(0)  # the layout's shape is all the unit needs of it
         self.nbytes = [p.untyped_storage().nbytes() for p in params] + [self.gathered.untyped_storage().nbytes()]
         self.full = True  # as built; release() frees them until the first forward
         self.release()
@@ -208,8 +207,7 @@ class Zero3Module(nn.Module):
                 state.update({name: value for name in names.pop(p)})
             unit.release()
         rest = self.module.state_dict()  # what is left: frozen parameters and persistent buffers
-        return {name: state[name] if name in state else rest[name].detach().clone() for name, _ in self.names} | {
-            k: v.detach().clone() for k, v in rest.items() if k not in state}
+        return {**{k: v.detach().clone() for k, v in rest.items()}, **state}
 
 
 def cast_floats(tree, dtype: torch.dtype | None):

@@ -55,9 +55,7 @@ class Bucket:
     def add_into(self, buffer: torch.Tensor, i: int, t: torch.Tensor) -> None:
         """Add a tensor shaped like parameter i into its world_size chunks of a rank-major buffer."""
         size, offset = self.sizes[i], sum(self.sizes[:i])
-        flat = torch.zeros(size * self.world_size, dtype=buffer.dtype, device=buffer.device)
-        flat[:t.numel()] = t.reshape(-1)
-        buffer.view(self.world_size, -1)[:, offset:offset + size] += flat.view(self.world_size, size)
+        buffer.view(self.world_size, -1)[:, offset:offset + size] += padded_chunks(t.to(buffer.dtype), self.world_size)
 
     def chunks_of(self, row: torch.Tensor, rank: int | None = None) -> list[torch.Tensor]:
         """Rank's row of a rank-major buffer cut into one chunk per parameter (row alone: it is that row already)."""
@@ -269,10 +267,14 @@ class ZeroOptimizer(torch.optim.Optimizer):
         """This rank's chunk of one state entry of p (a per-element tensor), or the entry itself (a step count)."""
         if not (isinstance(value, torch.Tensor) and value.shape == p.shape and (p.dim() > 0 or key != "step")):
             return value.clone() if isinstance(value, torch.Tensor) else value
-        size = padded(p.numel(), self.world_size) // self.world_size
-        flat = torch.zeros(size * self.world_size, dtype=value.dtype, device=value.device)
-        flat[:p.numel()] = value.reshape(-1)
-        return flat[self.rank * size:(self.rank + 1) * size].clone()
+        return padded_chunks(value, self.world_size)[self.rank].clone()
+
+
+def padded_chunks(t: torch.Tensor, world_size: int) -> torch.Tensor:
+    """t flattened, padded with zeros to a multiple of world_size, as world_size rows: row r is rank r's chunk."""
+    flat = torch.zeros(padded(t.numel(), world_size), dtype=t.dtype, device=t.device)
+    flat[:t.numel()] = t.reshape(-1)
+    return flat.view(world_size, -1)
 
 
 def used_anywhere(buckets: list[Bucket]) -> dict:
@@ -301,7 +303,6 @@ def on_shard(value, shard: nn.Parameter, key: str):
     if key != "step" and value.is_floating_point() and value.shape == shard.shape:
         return value.to(device=shard.device, dtype=shard.dtype)
     return value.to(shard.device) if value.dim() else value  # a step count may stay where torch keeps it
-
 
 
 def refuse_ddp(params) -> None:
