@@ -33,6 +33,13 @@ def engine_callback(fn) -> None:
     torch.autograd.Variable._execution_engine.queue_callback(fn)
 
 
+def let_go(p: nn.Parameter) -> None:
+    """Remove the gradient hook an earlier wrapper left on p: the newest wrapper of a module is the one that reduces."""
+    if getattr(p, "_dp_hook", None) is not None:
+        p._dp_hook.remove()
+        p._dp_hook = None
+
+
 class HookAllReduce(nn.Module):
     """Step 2: a post-accumulate-grad hook per parameter averages its gradient across ranks, synchronously."""
 
@@ -42,8 +49,9 @@ class HookAllReduce(nn.Module):
         broadcast_state(module)
         for p in module.parameters():
             if p.requires_grad:
+                let_go(p)  # of a wrapper made earlier over this module: its hook would all-reduce a second time
                 # fires once .grad holds this backward's total; it receives the parameter, and must return None
-                p.register_post_accumulate_grad_hook(self.reduce)
+                p._dp_hook = p.register_post_accumulate_grad_hook(self.reduce)
 
     def reduce(self, param: nn.Parameter) -> None:
         """Average param.grad over all ranks (skipped inside no_sync)."""
@@ -173,7 +181,8 @@ class MiniDDP(AsyncAllReduce):
     # Where it differs from DDP: DDP's first iteration puts every parameter in one bucket (ours start from the reverse
     # of registration order); ours copies gradients into its buckets (no gradient_as_bucket_view), needs one dtype
     # and device, has no communication hooks, and does not broadcast rank 0's buffers before each forward (DDP's
-    # forward_sync_buffers: BatchNorm's running statistics stay each rank's own here).
+    # forward_sync_buffers: BatchNorm's running statistics stay each rank's own here). As with DDP, a parameter frozen
+    # when the module is wrapped stays out: after unfreezing it, wrap the module again (the new wrapper takes over).
 
     def __init__(self, module: nn.Module, bucket_cap_mb: float | None = None, find_unused_parameters: bool = False):
         super().__init__(module)

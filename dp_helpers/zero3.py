@@ -13,7 +13,10 @@ that owns parameters is a unit (modules that share a parameter form one unit, as
   must still run the same units: a unit used on some ranks only would leave their all-gathers unmatched);
 - clip with `model.clip_grad_norm_` (the norm over every rank's chunks; torch.nn.utils' would see one rank's);
 - `full_state_dict()` gathers every weight by its original name: a state dict the plain model loads.
-Every rank must run the same units in its forward (as with FSDP). It runs inside a process group. Notebook 08
+Every rank must run the same units in its forward (as with FSDP). Outside a unit's forward its parameters are freed
+(reading `model.module.fc.weight` then fails, as FSDP2 leaves DTensor shards there): use `full_state_dict()`. Under
+a `GradScaler`, use torch's `ShardedGradScaler`, which agrees on infs across ranks (each rank sees its own chunks).
+A module is wrapped once. It runs inside a process group. Notebook 08
 teaches ZeRO-3 with `zero.Zero3`, the same gather-free-reduce schedule without prefetching, around Adam alone.
 """
 
@@ -26,7 +29,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
-from .mini_ddp import broadcast_state, engine_callback
+from .mini_ddp import broadcast_state, engine_callback, let_go
 from .zero import all_gather_flat
 from .zero_optim import Bucket, clip_chunks_, used_anywhere
 
@@ -92,6 +95,8 @@ class Zero3Module(nn.Module):
 
     def __init__(self, module: nn.Module, mixed_precision: MixedPrecision | None = None):
         super().__init__()
+        if getattr(module, "_zero3_wrapped", False):
+            raise ValueError("this module is already wrapped by a Zero3Module: its parameters are shards of the first one")
         broadcast_state(module)  # every rank starts from rank 0's weights and buffers
         self.rank, self.world_size, self.mp = dist.get_rank(), dist.get_world_size(), mixed_precision or MixedPrecision()
         self.names = [(name, p) for name, p in module.named_parameters(remove_duplicate=False)]
@@ -99,13 +104,15 @@ class Zero3Module(nn.Module):
         self.unit_of = {p: u for u in self.units for p in u.bucket.params}
         self.shards = nn.ParameterList([s for u in self.units for s in u.bucket.shards])
         hide_parameters(module)  # the wrapper's parameters are the shards alone
+        object.__setattr__(module, "_zero3_wrapped", True)
         self.module, self.order, self.pending, self.next = module, [], False, 0
         for unit in self.units:
             for m in unit.modules:
                 m.register_forward_pre_hook(lambda *_, u=unit: self.before_forward(u))
                 m.register_forward_hook(lambda _, args, out, u=unit: self.after_forward(u, out))
             for p in unit.bucket.params:
-                p.register_post_accumulate_grad_hook(self.grad_ready)
+                let_go(p)  # a MiniDDP or ZeroOptimizer made earlier over these parameters reduces no more
+                p._dp_hook = p.register_post_accumulate_grad_hook(self.grad_ready)
 
     def forward(self, *args, **kwargs):
         """The wrapped module's forward, its units gathered and freed as it goes (inputs cast to param_dtype)."""

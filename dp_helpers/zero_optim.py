@@ -14,7 +14,10 @@ Unlike it, it reduces the gradients itself, so it is used on the plain model and
   at most two buckets' full gradients at a time, and between steps a rank holds only its chunks of them;
 - `step` then all-gathers every bucket, so each rank's model holds the new full parameters.
 Limits: clip with `optimizer.clip_grad_norm_` (torch.nn.utils' sees no stage-2 gradients and stage 1's unreduced
-ones); `GradScaler` is not supported; a parameter frozen when the optimizer is built stays out of it.
+ones); `GradScaler` is refused at its first step; a parameter frozen when the optimizer is built stays out of it
+(build the optimizer again after unfreezing: the new one takes over the old one's hooks); the buckets keep the
+reverse registration order, so a model whose gradients become ready in another order still trains the same but
+launches its stage-2 buckets later (MiniDDP, like DDP, rebuilds its buckets in the observed order).
 Taught in notebook 08 (its ZeroAdam is the same idea around Adam alone); it runs inside a process group.
 """
 
@@ -26,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .mini_ddp import assign_buckets, ddp_caps, engine_callback
+from .mini_ddp import assign_buckets, ddp_caps, engine_callback, let_go
 from .zero import all_gather_flat, padded, reduce_scatter_flat
 
 
@@ -140,9 +143,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
             self.buckets.append(bucket)
             for p, shard in zip(bucket.params, bucket.shards, strict=True):
                 self.bucket_of[p], self.shard_of[p] = bucket, shard
-                if getattr(p, "_zero_hook", None) is not None:  # a newer ZeroOptimizer takes over from an older one
-                    p._zero_hook.remove()
-                p._zero_hook = p.register_post_accumulate_grad_hook(self.collect) if self.stage == 2 else None
+                let_go(p)  # a newer ZeroOptimizer (or MiniDDP) takes over from an older one: one reduction
+                p._dp_hook = p.register_post_accumulate_grad_hook(self.collect) if self.stage == 2 else None
         inner = {**{k: v for k, v in group.items() if k != "params"}, "params": [s for b in new for s in b.shards]}
         if self.inner is None:
             self.inner = self.optimizer_class([inner], **self.defaults)
@@ -190,11 +192,16 @@ class ZeroOptimizer(torch.optim.Optimizer):
             if not used:
                 self.shard_of[p].grad = None
 
+    _step_supports_amp_scaling = True  # so that a GradScaler hands step() its scale, which step() then refuses
+
     @torch.no_grad()
     def step(self, closure=None):
         """Step this rank's shards with the inner optimizer, then all-gather the new parameters on every rank."""
         if closure is not None:
             raise ValueError("ZeroOptimizer.step takes no closure: every rank must run the same collectives.")
+        if getattr(self, "grad_scale", None) is not None:  # each rank would find infs in its own gradients only
+            raise ValueError("ZeroOptimizer does not support GradScaler: train in bfloat16 (autocast), which needs no "
+                             "loss scaling, or use Zero3Module with torch's ShardedGradScaler.")
         self.reduce_gradients()
         for group, inner in zip(self.param_groups, self.inner.param_groups, strict=True):
             inner.update({k: v for k, v in group.items() if k != "params"})  # a scheduler changes the outer groups

@@ -271,7 +271,7 @@ def test_bucket_caps_are_ddps():
 
 
 def recovers(info) -> dict:
-    """Two backwards of one forward before the rebuild, then a backward that raises: the next steps still work."""
+    """Two backwards of one forward before the rebuild, backwards that raise at the start and halfway, a new wrapper."""
     model = mini_ddp.MiniDDP(mlp(seed=0), bucket_cap_mb=0.001)
     x, y = batches(1)[0]
     loss = bce_loss(model(x), y)
@@ -285,11 +285,23 @@ def recovers(info) -> dict:
         bce_loss(out, y).backward(inputs=[next(model.module.parameters())])
     except RuntimeError:
         pass
+    hidden = model.module[0](x)
+    hidden.register_hook(lambda grad: 1 / 0)  # raises halfway: the last layers' buckets are already launched
+    try:
+        bce_loss(model.module[1:](hidden), y).backward()
+    except ZeroDivisionError:
+        pass
+    model.zero_grad()
     bce_loss(model(x), y).backward()  # starts afresh
-    return {"order": order, "params": len(model.params), "grads": all(p.grad is not None for p in model.module.parameters())}
+    again = mini_ddp.MiniDDP(model.module, bucket_cap_mb=0.001)  # a second wrapper over the same module takes over
+    launched = model.allreduces
+    bce_loss(again(x), y).backward()
+    return {"order": order, "params": len(model.params), "grads": all(p.grad is not None for p in model.module.parameters()),
+            "old wrapper's all-reduces": model.allreduces - launched, "new wrapper's": again.allreduces}
 
 
 @pytest.mark.slow
-def test_a_second_backward_and_a_failed_one_leave_minddp_working(pools):
+def test_failed_backwards_and_a_second_wrapper_leave_minddp_working(pools):
     got = pools.get(1).run(recovers)[0]
     assert got["order"] == got["params"] and got["grads"]
+    assert got["old wrapper's all-reduces"] == 0 and got["new wrapper's"] > 0

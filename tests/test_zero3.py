@@ -132,3 +132,32 @@ def test_the_strategy_times_script_times_every_strategy(pools):
 
     for rank in pools.get(2).run(timed):
         assert list(rank["seconds_per_step"]) == list(STRATEGIES) and all(t > 0 for t in rank["seconds_per_step"].values())
+
+
+def refusals(info) -> dict:
+    """What is refused in one sentence: a module wrapped twice, a GradScaler stepping a ZeroOptimizer."""
+    from dp_helpers.zero3 import Zero3Module
+    from dp_helpers.zero_optim import ZeroOptimizer
+
+    said = {}
+    m = mlp(0)
+    Zero3Module(m)
+    try:
+        Zero3Module(m)
+    except ValueError as exc:
+        said["wrapped twice"] = str(exc)
+    plain = mlp(0)
+    opt, scaler = ZeroOptimizer(plain.parameters(), torch.optim.SGD, lr=0.1), torch.amp.GradScaler("cpu")
+    scaler.scale(plain(torch.randn(4, 10)).sum()).backward()
+    try:
+        scaler.step(opt)
+    except ValueError as exc:
+        said["GradScaler"] = str(exc)
+    return said
+
+
+@pytest.mark.slow
+def test_a_second_wrapper_and_a_grad_scaler_are_refused(pools):
+    said = pools.get(1).run(refusals)[0]
+    assert "already wrapped by a Zero3Module" in said["wrapped twice"]
+    assert "does not support GradScaler" in said["GradScaler"]
