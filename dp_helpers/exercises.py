@@ -28,6 +28,7 @@ from .collectives import naive_ring_bytes, ring_bytes, ring_schedule, ring_time
 from .config import shard_plan
 from .data import chunk_sizes, sampler_indices
 from .dataparallel import replication_bytes
+from .i18n import tr, tr_later
 from .mini_ddp import assign_buckets
 from .training import bce_loss, train_step
 from .zero import Flat, zero_bytes
@@ -111,7 +112,7 @@ def solution(key: str):
     path = SOLUTIONS / f"{str(key).replace('.', '_')}.py"
     if not path.is_file():
         known = ", ".join(sorted(p.stem.replace("_", ".", 1) for p in SOLUTIONS.glob("*.py")))
-        raise UsageError(f"there is no solution {key!r}; the exercises with one are {known}")
+        raise UsageError(tr("there is no solution {key!r}; the exercises with one are {known}", key=key, known=known))
     return show(path)
 
 
@@ -140,39 +141,43 @@ class Verdict:
 
 def verdict(ok: bool, message: str) -> Verdict:
     """Print one line that says correct or what differs; return a Verdict that is true when correct."""
-    print(("correct: " if ok else "not yet: ") + message)
+    print(tr("correct: {message}", message=message) if ok else tr("not yet: {message}", message=message))
     return Verdict(ok)
 
 
 def check_answer(key: str, answer) -> Verdict:
     """A numeric, word or table answer against the package's own computation of it."""
     if _unanswered(answer):
-        return verdict(False, "replace the ... with your answer and run the cell again.")
+        return verdict(False, tr("replace the ... with your answer and run the cell again."))
     problem = difference(answer, ANSWERS[key](), units=bool(UNITS.search(key)))  # no "MiB for MB" hint for a count
     if problem is None:
-        return verdict(True, "that is what this notebook's rules give.")
+        return verdict(True, tr("that is what this notebook's rules give."))
     hint = next((words for value, words in LIKELY_MISTAKES.get(key, ()) if difference(answer, value) is None), None)
-    return verdict(False, f"{problem}; {hint or 'recheck the rule in this notebook and try again'}.")
+    return verdict(False, tr("{problem}; {hint}.", problem=problem,
+                             hint=tr(hint) if hint else tr("recheck the rule in this notebook and try again")))
 
 
-# answers learners give by one known slip, and the sentence that names it
+# answers learners give by one known slip, and the sentence that names it (an English template: tr(words) shows it)
 LIKELY_MISTAKES = {
-    "00 one-device batch for 4 ranks of 8": [(4, "4 is the number of processes: one device must take in one step "
-                                                "every sample the 4 processes take together"),
-                                             (8, "8 is one process's batch: one device must take all 4 processes' "
-                                                 "samples in one step")],
-    "02 bytes replicated for 1e6 on 4": [(16_000_000, "that counts device 0 too, which holds the model already: only "
-                                                      "the copies sent to the other devices are replicated")],
+    "00 one-device batch for 4 ranks of 8": [
+        (4, tr_later("4 is the number of processes: one device must take in one step every sample the 4 processes "
+                     "take together")),
+        (8, tr_later("8 is one process's batch: one device must take all 4 processes' samples in one step"))],
+    "02 bytes replicated for 1e6 on 4": [
+        (16_000_000, tr_later("that counts device 0 too, which holds the model already: only the copies sent to the "
+                              "other devices are replicated"))],
 }
 
 
-# your number / the right one, when the right number came out in the wrong unit
-UNIT_SLIPS = {1e6 / 2**20: "MiB where MB (10^6 bytes) are asked", 2**20 / 1e6: "MB where MiB (2^20 bytes) are asked",
-              1e9 / 2**30: "GiB where GB (10^9 bytes) are asked", 2**30 / 1e9: "GB where GiB (2^30 bytes) are asked",
-              1e3: "a unit 1000 times smaller than the one asked (kB for MB?)",
-              1e-3: "a unit 1000 times larger than the one asked (GB for MB?)",
-              1e6: "bytes where MB are asked", 1e9: "bytes where GB are asked",
-              8: "bits where bytes are asked", 1 / 8: "bytes where bits are asked"}
+# your number / the right one, when the right number came out in the wrong unit (English templates, as above)
+UNIT_SLIPS = {1e6 / 2**20: tr_later("MiB where MB (10^6 bytes) are asked"),
+              2**20 / 1e6: tr_later("MB where MiB (2^20 bytes) are asked"),
+              1e9 / 2**30: tr_later("GiB where GB (10^9 bytes) are asked"),
+              2**30 / 1e9: tr_later("GB where GiB (2^30 bytes) are asked"),
+              1e3: tr_later("a unit 1000 times smaller than the one asked (kB for MB?)"),
+              1e-3: tr_later("a unit 1000 times larger than the one asked (GB for MB?)"),
+              1e6: tr_later("bytes where MB are asked"), 1e9: tr_later("bytes where GB are asked"),
+              8: tr_later("bits where bytes are asked"), 1 / 8: tr_later("bytes where bits are asked")}
 UNITS = re.compile(r"bytes|bits|\b[kMG]i?B\b")  # an answer key that asks for a size
 YES_NO = {"true": True, "yes": True, "false": False, "no": False}
 
@@ -188,8 +193,9 @@ def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def difference(got, want, what: str = "your answer", units: bool = True) -> str | None:
-    """Why `got` is not `want` (numbers to 1e-6, words in any case, any natural container type), or None."""
+def difference(got, want, what: str | None = None, units: bool = True) -> str | None:
+    """Why `got` is not `want` (numbers to 1e-6, words in any case, any container), or None; `what` names it."""
+    what = tr("your answer") if what is None else what
     got = _plain(got)
     kind = next((f for t, f in ((bool, _yes_no_difference), (str, _word_difference), (dict, _dict_difference),
                                 (list, _list_difference)) if isinstance(want, t)), None)
@@ -199,49 +205,52 @@ def difference(got, want, what: str = "your answer", units: bool = True) -> str 
         return kind(got, want, what)
     if _number(want):
         return _number_difference(got, want, what, units)
-    return None if got == want else f"{what} is {got!r}"
+    return None if got == want else tr("{what} is {got!r}", what=what, got=got)
 
 
 def _yes_no_difference(got, want: bool, what: str) -> str | None:
     yes_no = YES_NO.get(got.strip().lower()) if isinstance(got, str) else got
     if not isinstance(yes_no, bool):
-        return f"{what} is {got!r}; True or False is asked"
-    return None if yes_no == want else f"{what} is {got!r}"
+        return tr("{what} is {got!r}; True or False is asked", what=what, got=got)
+    return None if yes_no == want else tr("{what} is {got!r}", what=what, got=got)
 
 
 def _word_difference(got, want: str, what: str) -> str | None:
     if not isinstance(got, str):
-        return f"{what} is {got!r}; a word is asked"
-    return None if got.strip().lower() == want.lower() else f"{what} is {got!r}"
+        return tr("{what} is {got!r}; a word is asked", what=what, got=got)
+    return None if got.strip().lower() == want.lower() else tr("{what} is {got!r}", what=what, got=got)
 
 
 def _number_difference(got, want: float, what: str, units: bool = True) -> str | None:
     if not _number(got):
-        return f"{what} is {got!r}; one number is asked"
+        return tr("{what} is {got!r}; one number is asked", what=what, got=got)
     if math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-9):
         return None
     slip = next((words for factor, words in UNIT_SLIPS.items() if math.isclose(got, want * factor, rel_tol=1e-3)),
                 None) if units else None
-    return f"{what} is {got!r}" + (f": that looks like {slip}" if slip else "")
+    if slip:
+        return tr("{what} is {got!r}: that looks like {slip}", what=what, got=got, slip=tr(slip))
+    return tr("{what} is {got!r}", what=what, got=got)
 
 
 def _list_difference(got, want: list, what: str, units: bool = True) -> str | None:
     if not isinstance(got, list):
-        return f"{what} is {got!r}; a list of {len(want)} values is asked"
+        return tr("{what} is {got!r}; a list of {n} values is asked", what=what, got=got, n=len(want))
     if len(got) != len(want):
-        return f"{what} has {len(got)} values; {len(want)} are asked"
-    return next(filter(None, (difference(g, w, f"value {i} of {what}", units) for i, (g, w) in
+        return tr("{what} has {n} values; {asked} are asked", what=what, n=len(got), asked=len(want))
+    return next(filter(None, (difference(g, w, tr("value {i} of {what}", i=i, what=what), units) for i, (g, w) in
                               enumerate(zip(got, want, strict=True)))), None)
 
 
 def _dict_difference(got, want: dict, what: str, units: bool = True) -> str | None:
     """A table answer: the keys named when they differ, then the first value that differs."""
     if not isinstance(got, dict):
-        return f"{what} is {got!r}; a dict with the keys {sorted(want)} is asked"
+        return tr("{what} is {got!r}; a dict with the keys {keys} is asked", what=what, got=got, keys=sorted(want))
     keys = {str(k).strip().lower(): k for k in got}
     missing = [k for k in want if k.lower() not in keys]
     if missing:
-        return f"{what} has the keys {sorted(map(str, got))}; the keys {sorted(want)} are asked"
+        return tr("{what} has the keys {given}; the keys {keys} are asked", what=what, given=sorted(map(str, got)),
+                  keys=sorted(want))
     return next(filter(None, (difference(got[keys[k.lower()]], v, f"{what}[{k!r}]", units)
                               for k, v in want.items())), None)
 
@@ -252,15 +261,18 @@ def compare_function(fn, reference, cases, describe, same=None) -> Verdict:
         try:
             got = fn(*args)
         except NotImplementedError:
-            return verdict(False, "your function still raises NotImplementedError: write its body.")
+            return verdict(False, tr("your function still raises NotImplementedError: write its body."))
         except Exception as exc:  # the learner's bug, in one line rather than a traceback
-            return verdict(False, f"for {describe(args)} your function raised {type(exc).__name__}: {exc}.")
+            return verdict(False, tr("for {case} your function raised {error}: {exc}.", case=describe(args),
+                                     error=type(exc).__name__, exc=exc))
         if _unanswered(got):
-            return verdict(False, f"your function returned {got!r} for {describe(args)}: write its body.")
+            return verdict(False, tr("your function returned {got!r} for {case}: write its body.", got=got,
+                                     case=describe(args)))
         want = reference(*args)
         if not (same or _same)(got, want):
-            return verdict(False, f"for {describe(args)} expected {_shown(want)!r}, got {_shown(got)!r}.")
-    return verdict(True, f"{len(cases)} cases agree with the reference.")
+            return verdict(False, tr("for {case} expected {want!r}, got {got!r}.", case=describe(args),
+                                     want=_shown(want), got=_shown(got)))
+    return verdict(True, tr("{n} cases agree with the reference.", n=len(cases)))
 
 
 def _shown(value):
@@ -292,10 +304,11 @@ def check_scatter(fn) -> Verdict:
     """Notebook 02: fn(batch, n_devices) -> the list of pieces DataParallel's scatter cuts along dim 0."""
     used = _calls_any(fn, ("chunk", "tensor_split", "split"))
     if used:
-        return verdict(False, f"your function calls {used}: the exercise asks for slicing only (batch[i:j]).")
+        return verdict(False, tr("your function calls {name}: the exercise asks for slicing only (batch[i:j]).",
+                                 name=used))
     cases = [(torch.arange(rows * 2).reshape(rows, 2), n) for rows in (1, 2, 7, 10, 30) for n in (1, 2, 3, 4, 8)]
     return compare_function(fn, lambda x, n: list(x.chunk(n)), cases,
-                            lambda a: f"a batch of {len(a[0])} rows on {a[1]} devices")
+                            lambda a: tr("a batch of {rows} rows on {n} devices", rows=len(a[0]), n=a[1]))
 
 
 def _calls_any(fn, names: tuple[str, ...]) -> str | None:
@@ -372,30 +385,32 @@ def _accumulation_problem(fn, sizes: tuple[int, ...]) -> str | None:
     train_step(ref, x, y, ref_opt)
     k = len(sizes)
     if no_sync.forwards != [True] * (k - 1) + [False]:
-        return f"with {k} micro-batches, forwards inside no_sync were {no_sync.forwards}; expected all but the last."
+        return tr("with {k} micro-batches, forwards inside no_sync were {forwards}; expected all but the last.", k=k,
+                  forwards=no_sync.forwards)
     if all(torch.allclose(a, b, atol=1e-6) for a, b in zip(mine.parameters(), ref.parameters(), strict=True)):
         return None
     if all(torch.allclose(a, b - 0.5, atol=1e-5) for a, b in zip(mine.parameters(), ref.parameters(), strict=True)):
-        return "the gradients of the previous step were still there: call optimizer.zero_grad() first."
+        return tr("the gradients of the previous step were still there: call optimizer.zero_grad() first.")
     if len(set(sizes)) > 1:
-        return (f"with micro-batches of {list(sizes)} samples the weights differ from one step on the whole batch: "
-                "weight each loss by its share of the samples (len(inputs) / total), not by 1/k.")
+        return tr("with micro-batches of {sizes} samples the weights differ from one step on the whole batch: "
+                  "weight each loss by its share of the samples (len(inputs) / total), not by 1/k.", sizes=list(sizes))
     if k == 1:
-        return ("with one micro-batch (the whole batch) the weights differ from one step of train_step: the mean BCE "
-                "loss on model(inputs) and targets.unsqueeze(1), one backward, one optimizer.step().")
-    return (f"with {k} micro-batches the weights differ from one step on the whole batch: divide each loss by k, and "
-            "step the optimizer once, after the last backward.")
+        return tr("with one micro-batch (the whole batch) the weights differ from one step of train_step: the mean "
+                  "BCE loss on model(inputs) and targets.unsqueeze(1), one backward, one optimizer.step().")
+    return tr("with {k} micro-batches the weights differ from one step on the whole batch: divide each loss by k, and "
+              "step the optimizer once, after the last backward.", k=k)
 
 
 def _accumulation_error(exc: Exception) -> str:
     """An exception raised by the learner's accumulation step, in one sentence with the likely fix."""
-    said = f"your function raised {type(exc).__name__}: {exc}"
+    error = type(exc).__name__
     if "no_sync" in str(exc):
-        return (f"{said}: use the no_sync argument, `with no_sync():` (the checker's model is a plain module; "
-                "under DDP you would pass model.no_sync).")
+        return tr("your function raised {error}: {exc}: use the no_sync argument, `with no_sync():` (the checker's "
+                  "model is a plain module; under DDP you would pass model.no_sync).", error=error, exc=exc)
     if "context manager" in str(exc):
-        return f"{said}: call it, `with no_sync():`, as you would write `with model.no_sync():`."
-    return f"{said}."
+        return tr("your function raised {error}: {exc}: call it, `with no_sync():`, as you would write "
+                  "`with model.no_sync():`.", error=error, exc=exc)
+    return tr("your function raised {error}: {exc}.", error=error, exc=exc)
 
 
 def check_accumulate(fn) -> Verdict:
@@ -404,13 +419,13 @@ def check_accumulate(fn) -> Verdict:
         try:
             problem = _accumulation_problem(fn, sizes)
         except NotImplementedError:
-            return verdict(False, "your function still raises NotImplementedError: write its body.")
+            return verdict(False, tr("your function still raises NotImplementedError: write its body."))
         except Exception as exc:  # the learner's bug, in one line rather than a traceback
             return verdict(False, _accumulation_error(exc))
         if problem:
             return verdict(False, problem)
-    return verdict(True, "one optimizer step equal to the large batch, with equal and unequal micro-batches, and only "
-                         "the last backward synchronises.")
+    return verdict(True, tr("one optimizer step equal to the large batch, with equal and unequal micro-batches, and "
+                            "only the last backward synchronises."))
 
 
 def naive_ring_time(bytes_: float, world_size: int, latency: float, bandwidth: float) -> float:
@@ -480,16 +495,16 @@ def _scored_run(fn, samples: int, world_size: int) -> tuple[list, list[int], tor
 def _exact_eval_problem(fn, samples: int, world_size: int) -> str | None:
     """What is wrong with fn as an exact distributed mean over `samples` losses on world_size ranks, or None."""
     got, scored, losses = _scored_run(fn, samples, world_size)
-    case = f"with {samples} samples on {world_size} ranks"
+    case = tr("with {samples} samples on {world_size} ranks", samples=samples, world_size=world_size)
     errors = [g for g in got if isinstance(g, BaseException)]
     real = next((g for g in errors if not isinstance(g, threading.BrokenBarrierError)), None)
     if isinstance(real, NotImplementedError):
         raise real
     if real is not None:
-        return f"{case} your function raised {type(real).__name__}: {real}."
+        return tr("{case} your function raised {error}: {exc}.", case=case, error=type(real).__name__, exc=real)
     if errors:
-        return (f"{case} the ranks did not all call all_reduce the same number of times (one waited for the others): "
-                "every rank calls every collective, even a rank with no samples.")
+        return tr("{case} the ranks did not all call all_reduce the same number of times (one waited for the "
+                  "others): every rank calls every collective, even a rank with no samples.", case=case)
     return _coverage_problem(case, collections.Counter(scored), samples) or _mean_problem(case, got, losses)
 
 
@@ -497,11 +512,11 @@ def _coverage_problem(case: str, counts: collections.Counter, samples: int) -> s
     """Samples scored twice or never, in one sentence, or None."""
     twice = sorted(i for i, c in counts.items() if c > 1)
     if twice:
-        return (f"{case} samples {twice[:6]} were scored more than once (padding, as DistributedSampler does?): give "
-                "rank r the samples r, r + W, r + 2W, ... and no more.")
+        return tr("{case} samples {twice} were scored more than once (padding, as DistributedSampler does?): give "
+                  "rank r the samples r, r + W, r + 2W, ... and no more.", case=case, twice=twice[:6])
     missing = sorted(set(range(samples)) - set(counts))
-    return f"{case} samples {missing[:6]} were never scored: together the ranks must score every sample once." \
-        if missing else None
+    return tr("{case} samples {missing} were never scored: together the ranks must score every sample once.",
+              case=case, missing=missing[:6]) if missing else None
 
 
 def _mean_problem(case: str, got: list, losses: torch.Tensor) -> str | None:
@@ -511,8 +526,9 @@ def _mean_problem(case: str, got: list, losses: torch.Tensor) -> str | None:
     if not wrong:
         return None
     rank, value = wrong[0]
-    return (f"{case} rank {rank} returned {_shown(value)!r}, the mean over all samples is {want:.6f}: all-reduce the "
-            "sums and the counts, then divide once (a mean of per-rank means weighs a short shard like a full one).")
+    return tr("{case} rank {rank} returned {value!r}, the mean over all samples is {want:.6f}: all-reduce the sums "
+              "and the counts, then divide once (a mean of per-rank means weighs a short shard like a full one).",
+              case=case, rank=rank, value=_shown(value), want=want)
 
 
 def check_exact_eval(fn) -> Verdict:
@@ -521,11 +537,11 @@ def check_exact_eval(fn) -> Verdict:
         try:
             problem = _exact_eval_problem(fn, samples, world_size)
         except NotImplementedError:
-            return verdict(False, "your function still raises NotImplementedError: write its body.")
+            return verdict(False, tr("your function still raises NotImplementedError: write its body."))
         if problem:
             return verdict(False, problem)
-    return verdict(True, "every sample scored once, on 1 to 4 ranks with even and uneven shards, and every rank "
-                         "returns the exact mean.")
+    return verdict(True, tr("every sample scored once, on 1 to 4 ranks with even and uneven shards, and every rank "
+                            "returns the exact mean."))
 
 
 HALF_WRITTEN = b"half a checkpoint"
@@ -552,10 +568,10 @@ def _atomic_save_problem(fn, folder: Path) -> str | None:
     path, first, second = folder / "snapshot.pt", {"epoch": 1, "w": torch.ones(3)}, {"epoch": 2, "w": torch.zeros(3)}
     fn(first, str(path))
     if not path.is_file():
-        return f"after fn(state, {path.name!r}) there is no file {path.name!r}: save the state at that path."
+        return tr("after fn(state, {name!r}) there is no file {name!r}: save the state at that path.", name=path.name)
     loaded = torch.load(path, weights_only=True)
     if loaded.keys() != first.keys() or loaded["epoch"] != 1 or not torch.equal(loaded["w"], first["w"]):
-        return "the saved file does not load back as the state you were given: save the whole dict."
+        return tr("the saved file does not load back as the state you were given: save the whole dict.")
     targets, raised = [], None
     with mock.patch.object(torch, "save", _crashing_save(targets)):
         try:
@@ -563,16 +579,17 @@ def _atomic_save_problem(fn, folder: Path) -> str | None:
         except OSError as exc:
             raised = exc
     if path.read_bytes() == HALF_WRITTEN or torch.load(path, weights_only=True)["epoch"] != 1:
-        return ("a save that failed halfway destroyed the previous snapshot: write to a temporary file in the same "
-                "folder, then os.replace() it onto the path (a rename is all or nothing).")
+        return tr("a save that failed halfway destroyed the previous snapshot: write to a temporary file in the same "
+                  "folder, then os.replace() it onto the path (a rename is all or nothing).")
     if targets and targets[0].resolve().parent != folder.resolve():
-        return ("the temporary file is in another folder: os.replace() is atomic only within one file system, so "
-                "put it beside the checkpoint.")
+        return tr("the temporary file is in another folder: os.replace() is atomic only within one file system, so "
+                  "put it beside the checkpoint.")
     if raised is None:
-        return "when torch.save failed your function returned as if it had saved: let the OSError propagate."
+        return tr("when torch.save failed your function returned as if it had saved: let the OSError propagate.")
     left = sorted(p.name for p in folder.iterdir() if p != path)
     if left:
-        return f"a failed save left {left} behind: remove the temporary file when the write fails, then re-raise."
+        return tr("a failed save left {left} behind: remove the temporary file when the write fails, then re-raise.",
+                  left=left)
     return None
 
 
@@ -584,10 +601,10 @@ def check_atomic_save(fn) -> Verdict:
         try:
             problem = _atomic_save_problem(fn, Path(folder))
         except NotImplementedError:
-            return verdict(False, "your function still raises NotImplementedError: write its body.")
+            return verdict(False, tr("your function still raises NotImplementedError: write its body."))
         except Exception as exc:  # the learner's bug, in one line rather than a traceback
-            return verdict(False, f"your function raised {type(exc).__name__}: {exc}.")
+            return verdict(False, tr("your function raised {error}: {exc}.", error=type(exc).__name__, exc=exc))
     if problem:
         return verdict(False, problem)
-    return verdict(True, "the snapshot loads back, and a save that failed halfway left the previous one whole and "
-                         "nothing else behind.")
+    return verdict(True, tr("the snapshot loads back, and a save that failed halfway left the previous one whole and "
+                            "nothing else behind."))

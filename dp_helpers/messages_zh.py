@@ -1,0 +1,350 @@
+"""Simplified-Chinese translations of the checker messages, keyed by their English template (see i18n.tr).
+
+Each value keeps its template's placeholders (tests/test_i18n.py checks them); a placeholder filled with another
+template (a `what`, `case`, `where`, `hint`, `problem`, `logs`...) receives that template's translation.
+"""
+
+MESSAGES: dict[str, str] = {
+    "there is no solution {key!r}; the exercises with one are {known}":
+        "没有编号为 {key!r} 的参考答案；有参考答案的练习是 {known}",
+    "correct: {message}": "正确：{message}",
+    "not yet: {message}": "还不对：{message}",
+    "replace the ... with your answer and run the cell again.": "把 ... 换成你的答案，再运行这个单元格。",
+    "that is what this notebook's rules give.": "按本笔记本的规则，结果正是如此。",
+    "{problem}; {hint}.": "{problem}；{hint}。",
+    "recheck the rule in this notebook and try again": "请对照本笔记本中的规则再试一次",
+    "4 is the number of processes: one device must take in one step every sample the 4 processes take together":
+        "4 是进程数：一个设备要在一步之内处理这 4 个进程加起来的全部样本",
+    "8 is one process's batch: one device must take all 4 processes' samples in one step":
+        "8 是单个进程的批大小：一个设备要在一步之内处理全部 4 个进程的样本",
+    ("that counts device 0 too, which holds the model already: only the copies sent to the other devices are "
+     "replicated"):
+        "这把设备 0 也算进去了，而它本来就持有模型：只有发往其他设备的副本才算复制",
+    "MiB where MB (10^6 bytes) are asked": "题目要的是 MB（10^6 字节），你用的却是 MiB",
+    "MB where MiB (2^20 bytes) are asked": "题目要的是 MiB（2^20 字节），你用的却是 MB",
+    "GiB where GB (10^9 bytes) are asked": "题目要的是 GB（10^9 字节），你用的却是 GiB",
+    "GB where GiB (2^30 bytes) are asked": "题目要的是 GiB（2^30 字节），你用的却是 GB",
+    "a unit 1000 times smaller than the one asked (kB for MB?)":
+        "你用的单位比题目要的小 1000 倍（把 MB 写成了 kB？）",
+    "a unit 1000 times larger than the one asked (GB for MB?)": "你用的单位比题目要的大 1000 倍（把 MB 写成了 GB？）",
+    "bytes where MB are asked": "题目要的是 MB，你给的却是字节数",
+    "bytes where GB are asked": "题目要的是 GB，你给的却是字节数",
+    "bits where bytes are asked": "题目要的是字节数，你给的却是比特数",
+    "bytes where bits are asked": "题目要的是比特数，你给的却是字节数",
+    "your answer": "你的答案",
+    "{what} is {got!r}": "{what}是 {got!r}",
+    "{what} is {got!r}; True or False is asked": "{what}是 {got!r}，但这里要的是 True 或 False",
+    "{what} is {got!r}; a word is asked": "{what}是 {got!r}，但这里要的是一个词",
+    "{what} is {got!r}; one number is asked": "{what}是 {got!r}，但这里要的是一个数",
+    "{what} is {got!r}: that looks like {slip}": "{what}是 {got!r}：看起来单位弄错了，{slip}",
+    "{what} is {got!r}; a list of {n} values is asked": "{what}是 {got!r}，但这里要的是包含 {n} 个值的列表",
+    "{what} has {n} values; {asked} are asked": "{what}有 {n} 个值，但这里要的是 {asked} 个",
+    "value {i} of {what}": "{what}中下标为 {i} 的值",
+    "{what} is {got!r}; a dict with the keys {keys} is asked": "{what}是 {got!r}，但这里要的是以 {keys} 为键的 dict",
+    "{what} has the keys {given}; the keys {keys} are asked": "{what}的键是 {given}，但这里要的键是 {keys}",
+    "your function still raises NotImplementedError: write its body.":
+        "你的函数仍然抛出 NotImplementedError：请写出函数体。",
+    "for {case} your function raised {error}: {exc}.": "对于 {case}，你的函数抛出了 {error}：{exc}。",
+    "your function returned {got!r} for {case}: write its body.":
+        "对于 {case}，你的函数返回了 {got!r}：请写出函数体。",
+    "for {case} expected {want!r}, got {got!r}.": "对于 {case}，应得到 {want!r}，实际得到 {got!r}。",
+    "{n} cases agree with the reference.": "{n} 个用例都与参考实现一致。",
+    "your function calls {name}: the exercise asks for slicing only (batch[i:j]).":
+        "你的函数调用了 {name}：这道练习只允许用切片（batch[i:j]）。",
+    "a batch of {rows} rows on {n} devices": "{rows} 行的批次、{n} 个设备",
+    "with {k} micro-batches, forwards inside no_sync were {forwards}; expected all but the last.":
+        "有 {k} 个微批次时，各次前向传播是否在 no_sync 内依次为 {forwards}；应当除最后一次外都在 no_sync 内。",
+    "the gradients of the previous step were still there: call optimizer.zero_grad() first.":
+        "上一步的梯度还留着：先调用 optimizer.zero_grad()。",
+    ("with micro-batches of {sizes} samples the weights differ from one step on the whole batch: weight each loss "
+     "by its share of the samples (len(inputs) / total), not by 1/k."):
+        ("微批次的样本数为 {sizes} 时，权重与在整个批次上走一步的结果不同："
+         "每个损失要按它所占的样本比例（len(inputs) / total）加权，而不是乘以 1/k。"),
+    ("with one micro-batch (the whole batch) the weights differ from one step of train_step: the mean BCE loss on "
+     "model(inputs) and targets.unsqueeze(1), one backward, one optimizer.step()."):
+        ("只有一个微批次（即整个批次）时，权重与 train_step 走一步的结果不同："
+         "应当在 model(inputs) 和 targets.unsqueeze(1) 上求平均 BCE 损失，做一次反向传播，调用一次 optimizer.step()。"),
+    ("with {k} micro-batches the weights differ from one step on the whole batch: divide each loss by k, and step "
+     "the optimizer once, after the last backward."):
+        ("有 {k} 个微批次时，权重与在整个批次上走一步的结果不同：把每个损失除以 k，"
+         "并且只在最后一次反向传播之后调用一次优化器的 step()。"),
+    ("your function raised {error}: {exc}: use the no_sync argument, `with no_sync():` (the checker's model is a "
+     "plain module; under DDP you would pass model.no_sync)."):
+        ("你的函数抛出了 {error}：{exc}：请使用参数 no_sync，写成 `with no_sync():`（检查器用的模型是普通模块；"
+         "在 DDP 下你会传入 model.no_sync）。"),
+    "your function raised {error}: {exc}: call it, `with no_sync():`, as you would write `with model.no_sync():`.":
+        "你的函数抛出了 {error}：{exc}：要调用它，写成 `with no_sync():`，就像你平时写 `with model.no_sync():` 一样。",
+    "your function raised {error}: {exc}.": "你的函数抛出了 {error}：{exc}。",
+    ("one optimizer step equal to the large batch, with equal and unequal micro-batches, and only the last "
+     "backward synchronises."):
+        "无论微批次大小相等还是不等，一次优化器更新都与在大批次上走一步相同，而且只有最后一次反向传播做了同步。",
+    "with {samples} samples on {world_size} ranks": "{samples} 个样本分到 {world_size} 个 rank 上时",
+    "{case} your function raised {error}: {exc}.": "{case}，你的函数抛出了 {error}：{exc}。",
+    ("{case} the ranks did not all call all_reduce the same number of times (one waited for the others): every "
+     "rank calls every collective, even a rank with no samples."):
+        ("{case}，各 rank 调用 all_reduce 的次数不一样（有一个 rank 一直在等其他 rank）："
+         "每个 rank 都要参与每一次集合通信，没有样本的 rank 也一样。"),
+    ("{case} samples {twice} were scored more than once (padding, as DistributedSampler does?): give rank r the "
+     "samples r, r + W, r + 2W, ... and no more."):
+        ("{case}，样本 {twice} 被计分了不止一次（是不是像 DistributedSampler 那样做了填充？）："
+         "rank r 只应处理样本 r, r + W, r + 2W, ...，不能再多。"),
+    "{case} samples {missing} were never scored: together the ranks must score every sample once.":
+        "{case}，样本 {missing} 从未被计分：所有 rank 合起来必须把每个样本恰好计分一次。",
+    ("{case} rank {rank} returned {value!r}, the mean over all samples is {want:.6f}: all-reduce the sums and the "
+     "counts, then divide once (a mean of per-rank means weighs a short shard like a full one)."):
+        ("{case}，rank {rank} 返回了 {value!r}，而全部样本的平均值是 {want:.6f}：先对总和与计数做全归约，"
+         "再只除一次（对各 rank 的平均值再求平均，会把较短的分片和完整的分片同等对待）。"),
+    "every sample scored once, on 1 to 4 ranks with even and uneven shards, and every rank returns the exact mean.":
+        "在 1 到 4 个 rank 上，无论分片均匀与否，每个样本都恰好计分一次，而且每个 rank 都返回了精确的平均值。",
+    "after fn(state, {name!r}) there is no file {name!r}: save the state at that path.":
+        "调用 fn(state, {name!r}) 之后没有文件 {name!r}：请把 state 保存到这个路径。",
+    "the saved file does not load back as the state you were given: save the whole dict.":
+        "保存的文件加载回来后与传入的 state 不一致：请保存整个 dict。",
+    ("a save that failed halfway destroyed the previous snapshot: write to a temporary file in the same folder, "
+     "then os.replace() it onto the path (a rename is all or nothing)."):
+        ("一次中途失败的保存毁掉了上一个快照：先写到同一文件夹里的临时文件，"
+         "再用 os.replace() 把它换到目标路径上（重命名要么完全成功，要么什么都不改变）。"),
+    ("the temporary file is in another folder: os.replace() is atomic only within one file system, so put it "
+     "beside the checkpoint."):
+        "临时文件在另一个文件夹里：os.replace() 只在同一个文件系统内是原子操作，所以要把临时文件放在检查点旁边。",
+    "when torch.save failed your function returned as if it had saved: let the OSError propagate.":
+        "torch.save 失败时，你的函数却像保存成功一样正常返回了：让 OSError 继续向上抛出。",
+    "a failed save left {left} behind: remove the temporary file when the write fails, then re-raise.":
+        "一次失败的保存留下了 {left}：写入失败时先删除临时文件，再重新抛出异常。",
+    "the snapshot loads back, and a save that failed halfway left the previous one whole and nothing else behind.":
+        "快照可以加载回来；中途失败的保存既保住了完整的上一个快照，也没有留下其他文件。",
+    "the one-device loop": "单设备训练循环",
+    "turn it into DDP": "把它改成 DDP 脚本",
+    "{path}: {what}, ready to edit. Open it in the editor, {task}, then run {checker}({path!r}).":
+        "{path}：{what}，可以编辑了。在编辑器中打开它，{task}，然后运行 {checker}({path!r})。",
+    "{path}: your file, kept. Open it in the editor, {task}, then run {checker}({path!r}).":
+        "{path}：这是你的文件，已保留。在编辑器中打开它，{task}，然后运行 {checker}({path!r})。",
+    "dist.all_reduce returns a work handle only with async_op=True (without it, it blocks and returns None)":
+        "dist.all_reduce 只有在 async_op=True 时才返回 work 句柄（不加它就会阻塞，并返回 None）",
+    "`param in a_list` compares tensors by value; use a set, or compare ids":
+        "`param in a_list` 会按值比较张量；请改用 set，或者比较 id",
+    "a method of the skeleton still raises NotImplementedError: write its body":
+        "骨架中还有方法抛出 NotImplementedError：请写出它的方法体",
+    "(every rank's output": "（所有 rank 的输出",
+    "waited": "等待",
+    "(every rank's output: {path})": "（所有 rank 的输出：{path}）",
+    ("the process group never formed ({cause}): under torchrun call dist.init_process_group(backend) with no "
+     "address, port or init_method; torchrun gives every rank a free port {logs}."):
+        ("进程组始终没有建立（{cause}）："
+         "在 torchrun 下调用 dist.init_process_group(backend) 时不要传地址、端口或 init_method；"
+         "torchrun 会给每个 rank 分配空闲端口{logs}。"),
+    ("{cause}: a DistributedSampler (or a group) built for another world size; leave num_replicas and rank out, "
+     "they default to the process group's {logs}."):
+        ("{cause}：DistributedSampler（或某个进程组）是按另一个进程总数构建的；不要传 num_replicas 和 rank，"
+         "它们默认取进程组的值{logs}。"),
+    ": {hint}": "：{hint}",
+    "on {world_size} ranks, rank {rank} raised {cause}{line}{hint} {logs}.":
+        "在 {world_size} 个 rank 上，rank {rank} 抛出了 {cause}{line}{hint}{logs}。",
+    "on {world_size} ranks your code ran past {timeout_s:g} s and was stopped: a loop that never ends? {logs}.":
+        ("在 {world_size} 个 rank 上，你的代码运行超过了 {timeout_s:g} 秒，被强行停止：是不是有个永远不会结束的循环？"
+         "{logs}。"),
+    ("rank(s) {left} finished while rank(s) {needing} still needed them: every rank must run every step, since "
+     "DDP's backward is a collective, as is every all_reduce {logs}."):
+        ("rank {left} 已经结束，而 rank {needing} 仍然需要它们：每个 rank 都必须跑完每一步，"
+         "因为 DDP 的反向传播是一次集合通信，每次 all_reduce 也是{logs}。"),
+    ("rank {rank} waited {timeout_s:g} s in a collective that rank(s) {others} never reached: a hang; is a rank "
+     "stuck in a loop, or busy with work the others skip? {logs}"):
+        ("rank {rank} 在一次集合通信中等待了 {timeout_s:g} 秒，而 rank {others} 始终没有执行到它：程序卡死了；"
+         "是不是有个 rank 陷在循环里，或者在忙其他 rank 跳过的工作？{logs}"),
+    "on {world_size} ranks your script failed: {cause} {logs}.":
+        "在 {world_size} 个 rank 上，你的脚本失败了：{cause}{logs}。",
+    ", in {file}, line {line}": "，位于 {file} 第 {line} 行",
+    "rank {rank} called {name}": "rank {rank} 调用的是 {name}",
+    ("rank {rank} called {name} (its collective number {number}) where {other}: every rank must make the same "
+     "collectives in the same order."):
+        ("rank {rank} 调用了 {name}（它的第 {number} 次集合通信），而 {other}："
+         "每个 rank 都必须按相同的顺序调用相同的集合通信。"),
+    ("rank {rank} called {name} (its collective number {number}), and rank(s) {missing} finished without calling "
+     "it: is it inside `if rank == 0:`? Every rank must call it."):
+        ("rank {rank} 调用了 {name}（它的第 {number} 次集合通信），而 rank {missing} 没有调用它就结束了："
+         "它是不是写在了 `if rank == 0:` 里面？每个 rank 都必须调用它。"),
+    ("rank {rank} waited in {name} (its collective number {number}) for rank(s) {missing}, which had not called "
+     "it when the run failed: is it inside `if rank == 0:`, or is a rank stuck or slow?"):
+        ("rank {rank} 在 {name}（它的第 {number} 次集合通信）中等待 rank {missing}，而运行失败时它们还没有调用它："
+         "它是不是写在了 `if rank == 0:` 里面，或者有个 rank 卡住了、太慢了？"),
+    "no process group: call dist.init_process_group() first; without it each process trains alone.":
+        "没有进程组：先调用 dist.init_process_group()；否则每个进程都在各自单独训练。",
+    "the model is never wrapped in DistributedDataParallel: nothing averages the gradients across ranks.":
+        "模型始终没有用 DistributedDataParallel 包装：没有任何东西在各 rank 之间平均梯度。",
+    ("no DistributedSampler: every rank iterates all 960 samples; give the DataLoader "
+     "sampler=DistributedSampler(dataset) so that each rank gets its own share."):
+        ("没有 DistributedSampler：每个 rank 都遍历全部 960 个样本；"
+         "给 DataLoader 传入 sampler=DistributedSampler(dataset)，让每个 rank 拿到自己的那一份。"),
+    ("rank {rank}'s DistributedSampler has num_replicas={num_replicas}, rank={its_rank}; it needs {world_size} "
+     "and {rank} (leave them out: they default to the process group's)."):
+        ("rank {rank} 的 DistributedSampler 是 num_replicas={num_replicas}, rank={its_rank}；"
+         "它需要的是 {world_size} 和 {rank}（不传这两个参数即可：它们默认取进程组的值）。"),
+    ("the DistributedSampler has shuffle={shuffle}, seed={seed}: the one-device loop shuffles with seed 0 + "
+     "epoch, which is DistributedSampler's default (shuffle=True, seed=0)."):
+        ("DistributedSampler 的参数是 shuffle={shuffle}, seed={seed}：单设备循环用随机种子 0 + epoch 打乱数据，"
+         "这正是 DistributedSampler 的默认设置（shuffle=True, seed=0）。"),
+    ("the sampler's epochs were {epochs}, not {expected}: call sampler.set_epoch(epoch) at the start of every "
+     "epoch, or every epoch shuffles alike."):
+        ("采样器的轮次依次是 {epochs}，而不是 {expected}：在每一轮开始时调用 sampler.set_epoch(epoch)，"
+         "否则每一轮的打乱顺序都一样。"),
+    "rank {rank} saved too: only rank 0 may write the file (put torch.save under `if rank == 0:`).":
+        "rank {rank} 也保存了文件：只有 rank 0 可以写这个文件（把 torch.save 放到 `if rank == 0:` 下面）。",
+    "nothing was saved at --out: rank 0 must torch.save the model's weights there.":
+        "--out 处没有保存任何东西：rank 0 必须用 torch.save 把模型权重保存到那里。",
+    "the saved names start with 'module.' (the DDP wrapper's): save model.module.state_dict().":
+        "保存的参数名以 'module.' 开头（这是 DDP 包装器加上的）：请保存 model.module.state_dict()。",
+    "ranks {ranks} print the epoch loss: print on rank 0 only.":
+        "rank {ranks} 都打印了每轮的损失：只在 rank 0 上打印。",
+    "rank 0 prints no 'epoch N loss X' line: keep the one-device loop's print, on rank 0.":
+        "rank 0 没有打印 'epoch N loss X' 这样的行：保留单设备循环中的 print，放在 rank 0 上执行。",
+    ("rank 0's DataLoader takes batches of {batches}, and the checker passed --batch-size {batch_size}: "
+     "--batch-size is already the batch of one process, use it as it is."):
+        ("rank 0 的 DataLoader 批大小是 {batches}，而检查器传入的是 --batch-size {batch_size}："
+         "--batch-size 已经是单个进程的批大小，直接使用即可。"),
+    ("the gradients come out {world_size}x too small: DDP already averages them over the ranks, so the loss must "
+     "not be divided by world_size again."):
+        "梯度小了 {world_size} 倍：DDP 已经在各 rank 之间对梯度求平均，所以损失不能再除以 world_size。",
+    ("the steps come out {world_size}x too large: the gradients are summed over the ranks, or the learning rate "
+     "is multiplied by world_size; DDP averages, and this exercise keeps the one-device learning rate (scaling it "
+     "with the batch is a choice notebook 06 discusses, not part of DDP)."):
+        ("每步的更新大了 {world_size} 倍：要么梯度在各 rank 之间被求和了，要么学习率乘了 world_size；DDP 求的是平均，"
+         "而且这道练习沿用单设备的学习率（随批次放大学习率是笔记本 06 讨论的一种选择，不属于 DDP 本身）。"),
+    ("on {world_size} ranks the weights differ from one device on the global batch of {batch} by up to {gap:.3g}: "
+     "does every rank build the same dataset (seeded alike), call optimizer.zero_grad() every step, and keep the "
+     "loop's model, loss and learning rate?"):
+        ("在 {world_size} 个 rank 上，权重与单设备在 {batch} 个样本的全局批次上训练的结果最多相差 {gap:.3g}："
+         "每个 rank 是否构建了相同的数据集（随机种子相同）、每一步都调用了 optimizer.zero_grad()，"
+         "并且保留了循环原有的模型、损失和学习率？"),
+    ("rank 0 printed {lines} lines like 'epoch N ... loss X', and the checker reads one per epoch ({epochs}): "
+     "keep the one-device loop's print once an epoch; other lines must not contain both words."):
+        ("rank 0 打印了 {lines} 行形如 'epoch N ... loss X' 的内容，而检查器每轮读一行（共 {epochs} 轮）："
+         "保留单设备循环中每轮一次的 print；其他行不能同时包含这两个词。"),
+    ("rank 0 printed losses {printed}, one device prints {expected}: all-reduce the sum of the losses and the "
+     "number of samples before dividing (rank 0 alone saw only its share)."):
+        ("rank 0 打印的损失是 {printed}，单设备打印的是 {expected}：先对损失之和与样本数做全归约，"
+         "再相除（rank 0 自己只看到了它那一份数据）。"),
+    "there is no {path} yet: run the cell above this one first.": "还没有 {path}：先运行上面那个单元格。",
+    "{path} is still {untouched}: edit it, save it, run this again.":
+        "{path} 仍是未经修改的原始文件（{untouched}）：修改它、保存，然后再运行一次。",
+    "{path}, line {line}: {error}.": "{path} 第 {line} 行：{error}。",
+    (" At home, free the DDP model before destroy_process_group() (del, gc.collect(): examples/train_ddp.py); the "
+     "checker's runs skip the interpreter's exit, where gloo can otherwise abort."):
+        ("在你自己的机器上，请在 destroy_process_group() 之前释放 DDP 模型（del、gc.collect()："
+         "见 examples/train_ddp.py）；检查器的运行跳过了解释器的退出阶段，而 gloo 在那个阶段有可能中止。"),
+    ("on 2 and 3 ranks your script ends with the weights and prints the losses of one device on the global batch "
+     "of {batch}; rank 0 alone saved and printed.{tip}"):
+        ("在 2 个和 3 个 rank 上，"
+         "你的脚本最终得到的权重和打印的损失都与单设备在 {batch} 个样本的全局批次上的结果相同；"
+         "只有 rank 0 保存和打印。{tip}"),
+    "the MyDDP skeleton": "MyDDP 骨架",
+    "write ready() and launch()": "写出 ready() 和 launch()",
+    ("{where}, the buckets launched were {launched} of {expected}: launch(k) must run once per bucket, as soon as "
+     "all of bucket k's gradients are ready (and those of the buckets before it)."):
+        ("{where}，启动过的梯度桶是 {launched}，而全部梯度桶是 {expected}：launch(k) 对每个梯度桶必须恰好运行一次，"
+         "而且要在梯度桶 k 的所有梯度（以及它之前各梯度桶的梯度）都就绪时立即运行。"),
+    ("{where}, the buckets were launched in the order {launched}: launch them by index, 0 first, a full bucket "
+     "waiting for the ones before it; two ranks whose gradients arrive in another order would otherwise "
+     "all-reduce different buckets together."):
+        ("{where}，梯度桶的启动顺序是 {launched}：要按编号启动，从 0 开始，已装满的梯度桶要等它前面的梯度桶先启动；"
+         "否则梯度到达顺序不同的两个 rank 会把不同的梯度桶放在一起做全归约。"),
+    ("{where}, every all-reduce started after the last gradient was ready: launch a bucket inside ready(), as "
+     "soon as it is full, so that it travels while the backward computes the rest."):
+        ("{where}，所有全归约都是在最后一个梯度就绪之后才开始的：要在 ready() 里、梯度桶一装满就启动它，"
+         "这样它在传输的同时，反向传播还在计算其余的梯度。"),
+    ("{where}, an all-reduce was waited for while the backward still produced gradients: then the backward stalls "
+     "on every bucket; wait only in finish(), once the backward is done."):
+        ("{where}，反向传播还在产生梯度时就对一次全归约调用了 wait()：这样反向传播会在每个梯度桶上停顿；"
+         "只在 finish() 里、反向传播结束之后再调用 wait()。"),
+    "{where}, your gradients are {world_size}x DDP's: the all-reduce sums, so divide each bucket by the world size.":
+        "{where}，你的梯度是 DDP 的 {world_size} 倍：全归约做的是求和，所以要把每个梯度桶除以进程总数。",
+    "{where}, your gradients are 1/{world_size} of DDP's: they are divided by the world size twice.":
+        "{where}，你的梯度只有 DDP 的 1/{world_size}：它们被除了两次进程总数。",
+    "{where}, your gradients differ from DDP's by up to {gap:.3g}.": "{where}，你的梯度与 DDP 的最多相差 {gap:.3g}。",
+    "on {world_size} ranks, {problem}": "在 {world_size} 个 rank 上，{problem}",
+    "on rank {rank}, step {step}": "在 rank {rank} 的第 {step} 步",
+    "on rank {rank} the weights end {gap:.3g} away from DDP's.":
+        "在 rank {rank} 上，最终权重与 DDP 的相差 {gap:.3g}。",
+    "on rank {rank}, with a model whose layers run in the reverse order of their registration":
+        "在 rank {rank} 上，对一个各层运行顺序与注册顺序相反的模型",
+    "{problem} (one ready() may have to launch several buckets: a loop)":
+        "{problem}（一次 ready() 可能要启动好几个梯度桶：需要一个循环）",
+    ("on 2 ranks, {steps} steps: {buckets} buckets launched in order during the backward, gradients and weights "
+     "equal to torch's DistributedDataParallel, also for a model whose layers run in the reverse order of their "
+     "registration."):
+        ("在 2 个 rank 上训练 {steps} 步：{buckets} 个梯度桶在反向传播期间按顺序启动，"
+         "梯度和权重都与 torch 的 DistributedDataParallel 相同；对各层运行顺序与注册顺序相反的模型也是如此。"),
+    "the MyZero1 skeleton": "MyZero1 骨架",
+    "write step()": "写出 step()",
+    ("step {step} all-reduced the whole gradient: then every rank holds all of it; reduce-scatter it, so that "
+     "each rank receives only its chunk of {chunk} values."):
+        ("第 {step} 步对整个梯度做了全归约：这样每个 rank 都持有全部梯度；应当做归约-散射，"
+         "让每个 rank 只收到属于自己的那一块，共 {chunk} 个值。"),
+    "step {step} called no collective: ZeRO-1 needs one reduce-scatter and one all-gather.":
+        "第 {step} 步没有调用任何集合通信：ZeRO-1 每一步需要一次归约-散射和一次全收集。",
+    "step {step} called {names}: ZeRO-1 needs one reduce-scatter and one all-gather.":
+        "第 {step} 步调用的是 {names}：ZeRO-1 每一步需要一次归约-散射和一次全收集。",
+    "the ranks keep {kept} values of optimizer state: each needs only its chunk, {chunk}.":
+        "各 rank 保存的优化器状态分别有 {kept} 个值：每个 rank 只需要保存自己那一块，即 {chunk} 个。",
+    "the ranks' weights differ after training: all-gather every rank's updated chunk into the parameters.":
+        "训练后各 rank 的权重不一致：要把每个 rank 更新后的那一块全收集回参数中。",
+    "step {step} used the sum of the ranks' gradients: divide the reduce-scattered chunk by world_size.":
+        "第 {step} 步用的是各 rank 梯度之和：要把归约-散射得到的那一块除以 world_size。",
+    "step {step} divided the gradient by world_size twice: once, after the reduce-scatter, is enough.":
+        "第 {step} 步把梯度除了两次 world_size：在归约-散射之后除一次就够了。",
+    ("after step {step} the weights differ from one process on the global batch by {gap:.3g}: does each rank "
+     "reduce-scatter the gradients (not the parameters), update exactly its own chunk (rank * chunk to (rank + 1) "
+     "* chunk) with velocity = momentum * velocity + gradient (torch's SGD: no dampening), and write the "
+     "all-gathered values back into the parameters?"):
+        ("第 {step} 步之后，权重与单个进程在全局批次上训练的结果相差 {gap:.3g}：每个 rank 是否对梯度（而不是参数）"
+         "做了归约-散射，是否恰好只更新自己那一块（从 rank * chunk 到 (rank + 1) * chunk），"
+         "并按 velocity = momentum * velocity + gradient 更新（torch 的 SGD：没有 dampening），"
+         "最后把全收集得到的值写回参数？"),
+    ("on 2 and 3 ranks: one reduce-scatter and one all-gather a step, 1/world_size of the momentum on each rank, "
+     "and the weights of one process on the global batch."):
+        ("在 2 个和 3 个 rank 上：每一步一次归约-散射和一次全收集，每个 rank 只保存 1/world_size 的动量，"
+         "权重与单个进程在全局批次上训练的结果相同。"),
+    ": too high": "：偏高",
+    ": too low": "：偏低",
+    "replace each ... with your prediction in bytes, then run the cell again.":
+        "把每个 ... 换成你预测的字节数，再运行这个单元格。",
+    "your prediction": "你的预测",
+    ("{problem}{direction}, as measured on rank 0 of {world_size}. Mind the padding of the flat buffer to a "
+     "multiple of the world size, and Adam's 4-byte step counter."):
+        ("{problem}{direction}（以 {world_size} 个 rank 中 rank 0 的实测值为准）。"
+         "注意扁平缓冲区要补齐到进程总数的整数倍，还有 Adam 的 4 字节 step 计数器。"),
+    "measured on {world_size} gloo ranks, rank 0 holds exactly what you predicted: {measured}.":
+        "在 {world_size} 个 gloo rank 上实测，rank 0 持有的字节数与你的预测完全一致：{measured}。",
+    "the ring_all_gather skeleton": "ring_all_gather 骨架",
+    "write its loop": "写出其中的循环",
+    "rank {rank}, a {dtype} tensor of shape {shape}": "rank {rank} 上形状为 {shape} 的 {dtype} 张量",
+    "{where}: {problem}": "{where}：{problem}",
+    ("{where}: it sent {sent} bytes where {pieces} pieces of {mine} are enough: send each piece on once, the one "
+     "that arrived last."):
+        ("{where}：它发送了 {sent} 字节，而 {pieces} 块、每块 {mine} 字节就够了：每一块只转发一次，"
+         "转发的是最后收到的那一块。"),
+    "your code called dist.{name}: build the all-gather from isend/irecv (or send/recv) only.":
+        "你的代码调用了 dist.{name}：只能用 isend/irecv（或 send/recv）来实现全收集。",
+    ("it sent to rank {peer}: in the ring rank {rank} sends to its right neighbour {right} only and receives from "
+     "its left neighbour {left} only."):
+        "它向 rank {peer} 发送了消息：在环中，rank {rank} 只向右邻居 {right} 发送，只从左邻居 {left} 接收。",
+    ("it received from rank {peer}: in the ring rank {rank} sends to its right neighbour {right} only and "
+     "receives from its left neighbour {left} only."):
+        "它从 rank {peer} 接收了消息：在环中，rank {rank} 只向右邻居 {right} 发送，只从左邻居 {left} 接收。",
+    "the result has shape {shape}, where dist.all_gather's concatenation has {want}.":
+        "结果的形状是 {shape}，而 dist.all_gather 拼接后的形状是 {want}。",
+    "the result's pieces hold the tensors of ranks {whose} (None: nobody's), where piece k must hold rank k's.":
+        "结果的各块依次是 rank {whose} 的张量（None 表示不属于任何 rank），而第 k 块必须是 rank k 的张量。",
+    ("on {world_size} ranks a rank waited {timeout_s:g} s for a message that never came (a hang): if every rank "
+     "first blocks in recv (or send), nobody sends; post the receive and the send together (dist.irecv, "
+     "dist.isend, then wait for both) {logs}."):
+        ("在 {world_size} 个 rank 上，有个 rank 等了 {timeout_s:g} 秒也没等到消息（程序卡死了）："
+         "如果每个 rank 都先阻塞在 recv（或 send）上，就没有人发送；要同时发起接收和发送（先 dist.irecv、dist.isend，"
+         "再等待两者完成）{logs}。"),
+    ("{failure} A message whose size differs from its receive buffer aborts gloo: send exactly one piece, into a "
+     "piece of the same shape."):
+        "{failure}消息的大小与接收缓冲区不同时，gloo 会中止：每次恰好发送一块，接收端也用形状相同的一块来接收。",
+    ("on 3 and 4 ranks, five shapes and dtypes: dist.all_gather's result, from messages to the right neighbour "
+     "only, (W - 1) pieces sent by each rank."):
+        ("在 3 个和 4 个 rank 上，五种形状和数据类型：结果与 dist.all_gather 相同，消息只发给右邻居，"
+         "每个 rank 发送 (W - 1) 块。"),
+}
