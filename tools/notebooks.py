@@ -1,9 +1,12 @@
-"""Check, re-execute or time the lesson notebooks: `python tools/notebooks.py check | execute | times [NOTEBOOK ...]`.
+"""Check, re-execute, time or translate the lessons: `python tools/notebooks.py check | execute | times | translate`.
 
 `execute` runs each notebook top to bottom on this machine (CPU is fine) in the current Python
 environment, writes the outputs back and strips volatile metadata. `check` verifies what CI needs:
 one clean top-to-bottom run (execution counts 1..n), no error outputs, under 2 MB, the skeleton's
-headings present.
+headings present, and each Chinese edition built from its English notebook's current cells.
+`translate` builds the Chinese editions (NN_name.zh-CN.ipynb) from the English notebooks and
+i18n/zh-CN/ (tools/edition.py); `translate --skeleton` first adds, in English, the blocks a
+translation lacks. Each command takes English notebooks, all of them by default.
 """
 
 from __future__ import annotations
@@ -16,6 +19,11 @@ import textwrap
 from pathlib import Path
 
 import nbformat
+
+try:
+    from tools import edition
+except ImportError:  # run as a script: tools/ is on sys.path, not the repository
+    import edition
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 MAX_BYTES = 2_000_000
@@ -137,10 +145,13 @@ def minutes(path: Path) -> dict:
 def main(argv: list[str] | None = None) -> int:
     """CLI: check (exit 1 on any problem) or execute."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=("check", "execute", "times"))
+    parser.add_argument("command", choices=("check", "execute", "times", "translate"))
     parser.add_argument("notebooks", nargs="*", type=Path)
+    parser.add_argument("--skeleton", action="store_true", help="translate: first add the missing blocks, in English")
     args = parser.parse_args(argv)
-    paths = args.notebooks or sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    paths = [p.resolve() for p in args.notebooks] or edition.english_notebooks()
+    if args.command == "translate":
+        return translate(paths, args.skeleton)
     if args.command == "execute":
         for path in paths:
             print(f"executing {path.name} ...", flush=True)
@@ -154,8 +165,24 @@ def main(argv: list[str] | None = None) -> int:
     for name, found in bad.items():
         for problem in found:
             print(f"{name}: {problem}")
-    print(f"{len(paths)} notebook(s) checked, {sum(map(bool, bad.values()))} with problems")
-    return 1 if any(bad.values()) else 0
+    zh = edition.stale_editions([p for p in paths if p in edition.english_notebooks()])  # the course's lessons
+    print(*zh, sep="\n") if zh else None
+    print(f"{len(paths)} notebook(s) checked, {sum(map(bool, bad.values()))} with problems; "
+          f"{len(zh)} problem(s) with their Chinese editions")
+    return 1 if any(bad.values()) or zh else 0
+
+
+def translate(paths: list[Path], add_skeleton: bool) -> int:
+    """The translate command: build every Chinese edition that can be built; list what stops the others."""
+    if add_skeleton:
+        for path in paths:
+            print(f"{path.name}: {edition.skeleton(path)} block(s) added to {edition.rel(edition.translation_of(path))}")
+    found = edition.translate(paths)
+    for problem in (p for problems in found.values() for p in problems):
+        print(problem)
+    built = [name for name, problems in found.items() if not problems]
+    print(f"{len(paths)} notebook(s): {len(built)} Chinese edition(s) built, {len(paths) - len(built)} not")
+    return 1 if len(built) < len(paths) else 0
 
 
 if __name__ == "__main__":

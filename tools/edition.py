@@ -1,0 +1,227 @@
+"""The Chinese edition: notebooks/NN_name.zh-CN.ipynb, built from the English notebook and i18n/zh-CN/NN_name.md.
+
+A translation file is a list of blocks, one per translated cell, each under a header naming the English cell
+(its id), its kind and the hash of the English source it translates:
+
+    <!-- cell 3f2a9c1e · markdown · en 5d41402abc4b -->
+    中文……
+
+Every markdown cell has a block; a code cell has one only where its comments are translated, and its code must
+stay the English cell's token for token (comments and blank lines aside). The build takes the English cells'
+outputs and execution counts as they are, so the Chinese edition is never executed on its own. When an English
+cell changes, its block's hash no longer matches and the build names the notebook and cell.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import re
+import tokenize
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+
+REPO = Path(__file__).resolve().parent.parent
+NOTEBOOKS = REPO / "notebooks"
+TRANSLATIONS = REPO / "i18n" / "zh-CN"
+SUFFIX = ".zh-CN.ipynb"
+HEADER = re.compile(r"^<!-- cell (?P<id>[\w-]+) · (?P<kind>markdown|code) · en (?P<hash>[0-9a-f]{12}) -->$")
+# the Chinese edition's checkers speak Chinese: two lines the build adds at the end of the setup cell
+LANGUAGE_LINES = 'from dp_helpers.i18n import set_language\nset_language("zh-CN")  # 练习检查器的提示改用中文'
+ZH_SKELETON = ("学习目标", "小结", "练习")  # the English skeleton's What you'll learn, Takeaways, Exercises
+POINTER = "## 中文版"  # the English notebook's second cell, a link to its Chinese edition: the edition links back
+ENGLISH_POINTER = "## English\nThe English original of this notebook: [`{name}`]({name})."
+CJK = re.compile(r"[\u4e00-\u9fff]")
+NOTEBOOK_LINK = re.compile(r"(?<![\w.])(\d\d_\w+)\.ipynb\b")  # a link to a lesson, in a markdown cell
+
+
+@dataclass
+class Block:
+    """One translated cell: the English cell's id, its kind, the hash of the English it translates, the text."""
+
+    cell: str
+    kind: str
+    en: str
+    text: str
+
+    def header(self) -> str:
+        return f"<!-- cell {self.cell} · {self.kind} · en {self.en} -->"
+
+
+def english_notebooks() -> list[Path]:
+    """The lessons, in order, without their Chinese editions."""
+    return sorted(p for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb") if not p.name.endswith(SUFFIX))
+
+
+def edition_of(english: Path) -> Path:
+    """Where a lesson's Chinese edition lives: beside it, so that its links and files resolve the same."""
+    return english.with_name(english.stem + SUFFIX)
+
+
+def translation_of(english: Path) -> Path:
+    """The translation file of a lesson."""
+    return TRANSLATIONS / f"{english.stem}.md"
+
+
+def source_hash(source: str) -> str:
+    """What a block records of the English cell it translates."""
+    return hashlib.sha256(source.encode()).hexdigest()[:12]
+
+
+def read_blocks(path: Path) -> list[Block]:
+    """The blocks of a translation file, in order (text before the first header is a comment for translators)."""
+    blocks: list[Block] = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        match = HEADER.match(line)
+        if match:
+            blocks.append(Block(match["id"], match["kind"], match["hash"], ""))
+        elif blocks:
+            blocks[-1].text += line + "\n"
+    for block in blocks:
+        block.text = block.text.strip("\n")
+    return blocks
+
+
+def write_blocks(path: Path, title: str, blocks: list[Block]) -> None:
+    """A translation file: a one-line comment, then each block under its header."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = "\n\n".join(f"{b.header()}\n{b.text}" for b in blocks)
+    path.write_text(f"<!-- {title}: the Simplified-Chinese edition's text; see tools/edition.py -->\n\n{body}\n",
+                    encoding="utf-8")
+
+
+def tokens(source: str) -> list[tokenize.TokenInfo] | None:
+    """A code cell's Python tokens, IPython magics kept whole as strings (None: not Python)."""
+    lines = [repr(line) if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines()]
+    try:
+        return list(tokenize.generate_tokens(io.StringIO("\n".join(lines) + "\n").readline))
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        return None
+
+
+def code_tokens(source: str) -> list[tuple[int, str]] | str:
+    """A code cell as its tokens without comments or blank lines: what a translation must keep."""
+    found = tokens(source)
+    if found is None:
+        return source  # not Python: the text itself must match
+    return [(t.type, t.string) for t in found if t.type not in (tokenize.COMMENT, tokenize.NL)]
+
+
+def has_comments(source: str) -> bool:
+    """Whether a code cell has a comment a translation could turn into Chinese."""
+    return any(t.type == tokenize.COMMENT for t in tokens(source) or [])
+
+
+def is_setup(cell) -> bool:
+    """The first code cell, the one that imports the package: the Chinese edition adds its language there."""
+    return cell.cell_type == "code" and "from dp_helpers" in cell.source
+
+
+def localise(markdown: str) -> str:
+    """Links to other lessons go to their Chinese editions (the Colab and Kaggle badges too)."""
+    return NOTEBOOK_LINK.sub(lambda m: m[1] + SUFFIX, markdown)
+
+
+def build(english: Path) -> tuple[nbformat.NotebookNode, list[str]]:
+    """The Chinese edition of one lesson, and every problem with its translation (empty when it is up to date)."""
+    nb = nbformat.read(english, as_version=4)
+    path = translation_of(english)
+    blocks = {b.cell: b for b in read_blocks(path)} if path.exists() else {}
+    problems, setup_done = [], False
+    for i, cell in enumerate(nb.cells):
+        where = f"{english.name} cell {i} (id {cell.id}, {cell.cell_type})"
+        source, problem = translated(cell, blocks.pop(cell.id, None), where, rel(path))
+        if is_pointer(i, cell):
+            source, problem = ENGLISH_POINTER.format(name=english.name), None
+        problems += [problem] if problem else []
+        cell.source = source
+        if is_setup(cell) and not setup_done:
+            cell.source, setup_done = cell.source.rstrip("\n") + "\n" + LANGUAGE_LINES, True
+    problems += [f"{rel(path)} translates cell {c}, which {english.name} no longer has" for c in blocks]
+    if not setup_done:
+        problems.append(f"{english.name} has no setup cell importing dp_helpers to set the language in")
+    text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    problems += [f"{english.name}: its translation has no heading '{h}'" for h in ZH_SKELETON if f"## {h}" not in text]
+    nb.metadata["language"] = "zh-CN"  # what a reader of the file sees it is
+    return nb, problems
+
+
+def translated(cell, block: Block | None, where: str, path: str) -> tuple[str, str | None]:
+    """A cell's Chinese source (its English one where it has none yet) and the problem with its block, if any."""
+    if block is not None and block.en != source_hash(cell.source):
+        return cell.source, (f"{where} changed since it was translated: update its block in {path} and set its "
+                             f"header to 'en {source_hash(cell.source)}'")
+    if cell.cell_type == "markdown":
+        if block is None:
+            return cell.source, f"{where} has no translation in {path}"
+        if block.text == cell.source or not CJK.search(block.text):
+            return cell.source, f"{where} is still in English in {path}"
+        return localise(block.text), None
+    if block is None:
+        return cell.source, None  # code whose comments are not translated: the English cell as it is
+    if code_tokens(block.text) != code_tokens(cell.source):
+        return cell.source, f"{where}: its translation in {path} changes the code, not only its comments"
+    return block.text, None
+
+
+def is_pointer(index: int, cell) -> bool:
+    """The English notebook's link to its Chinese edition, which the edition replaces by a link back."""
+    return index == 1 and cell.cell_type == "markdown" and cell.source.startswith(POINTER)
+
+
+def without_language(source: str) -> str:
+    """A Chinese setup cell's source without the lines the build added: the English cell's again."""
+    return source.removesuffix("\n" + LANGUAGE_LINES)
+
+
+def skeleton(english: Path) -> int:
+    """Add a block, in English, for every cell the translation lacks (kept in the notebook's order); return how many."""
+    nb = nbformat.read(english, as_version=4)
+    path = translation_of(english)
+    have = {b.cell: b for b in read_blocks(path)} if path.exists() else {}
+    blocks, added = [], 0
+    for i, cell in enumerate(nb.cells):
+        if cell.id in have:
+            blocks.append(have.pop(cell.id))
+        elif is_pointer(i, cell):
+            continue
+        elif cell.cell_type == "markdown" or has_comments(cell.source):
+            blocks.append(Block(cell.id, cell.cell_type, source_hash(cell.source), cell.source))
+            added += 1
+    write_blocks(path, english.name, blocks + list(have.values()))
+    return added
+
+
+def rel(path: Path) -> str:
+    """A path as the repository names it."""
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
+def as_text(nb) -> str:
+    """A notebook as nbformat writes it: what a committed edition is compared with."""
+    return nbformat.writes(nb) + "\n"
+
+
+def translate(paths: list[Path]) -> dict[str, list[str]]:
+    """Build and write the Chinese edition of each lesson whose translation is complete; each lesson's problems."""
+    found = {}
+    for english in paths:
+        nb, found[english.name] = build(english)
+        if not found[english.name]:
+            edition_of(english).write_text(as_text(nb), encoding="utf-8")
+    return found
+
+
+def stale_editions(paths: list[Path]) -> list[str]:
+    """Problems of the committed Chinese editions: a translation out of step, or a build not redone since."""
+    found = []
+    for english in paths:
+        nb, problems = build(english)
+        found += problems
+        target = edition_of(english)
+        if not problems and (not target.exists() or target.read_text(encoding="utf-8") != as_text(nb)):
+            found.append(f"{rel(target)} is not the build of {english.name} and its translation: "
+                         "run python tools/notebooks.py translate")
+    return found
