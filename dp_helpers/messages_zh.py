@@ -6,7 +6,7 @@ template (a `what`, `case`, `where`, `hint`, `problem`, `logs`...) receives that
 
 MESSAGES: dict[str, str] = {
     "there is no solution {key!r}; the exercises with one are {known}":
-        "没有编号为 {key!r} 的参考答案；有参考答案的练习是 {known}",
+        "没有名为 {key!r} 的参考答案；有参考答案的练习是：{known}",
     "correct: {message}": "正确：{message}",
     "not yet: {message}": "还不对：{message}",
     "replace the ... with your answer and run the cell again.": "把 ... 换成你的答案，再运行这个单元格。",
@@ -16,7 +16,7 @@ MESSAGES: dict[str, str] = {
     "4 is the number of processes: one device must take in one step every sample the 4 processes take together":
         "4 是进程数：一个设备要在一步之内处理这 4 个进程加起来的全部样本",
     "8 is one process's batch: one device must take all 4 processes' samples in one step":
-        "8 是单个进程的批大小：一个设备要在一步之内处理全部 4 个进程的样本",
+        "8 是单个进程的批次大小：一个设备要在一步之内处理全部 4 个进程的样本",
     ("that counts device 0 too, which holds the model already: only the copies sent to the other devices are "
      "replicated"):
         "这把设备 0 也算进去了，而它本来就持有模型：只有发往其他设备的副本才算复制",
@@ -86,23 +86,23 @@ MESSAGES: dict[str, str] = {
          "每个 rank 都要参与每一次集合通信，没有样本的 rank 也一样。"),
     ("{case} samples {twice} were scored more than once (padding, as DistributedSampler does?): give rank r the "
      "samples r, r + W, r + 2W, ... and no more."):
-        ("{case}，样本 {twice} 被计分了不止一次（是不是像 DistributedSampler 那样做了填充？）："
+        ("{case}，样本 {twice} 被评估了不止一次（是不是像 DistributedSampler 那样做了填充？）："
          "rank r 只应处理样本 r, r + W, r + 2W, ...，不能再多。"),
     "{case} samples {missing} were never scored: together the ranks must score every sample once.":
-        "{case}，样本 {missing} 从未被计分：所有 rank 合起来必须把每个样本恰好计分一次。",
+        "{case}，样本 {missing} 从未被评估：所有 rank 合起来必须把每个样本恰好评估一次。",
     ("{case} rank {rank} returned {value!r}, the mean over all samples is {want:.6f}: all-reduce the sums and the "
      "counts, then divide once (a mean of per-rank means weighs a short shard like a full one)."):
         ("{case}，rank {rank} 返回了 {value!r}，而全部样本的平均值是 {want:.6f}：先对总和与计数做全归约，"
          "再只除一次（对各 rank 的平均值再求平均，会把较短的分片和完整的分片同等对待）。"),
     "every sample scored once, on 1 to 4 ranks with even and uneven shards, and every rank returns the exact mean.":
-        "在 1 到 4 个 rank 上，无论分片均匀与否，每个样本都恰好计分一次，而且每个 rank 都返回了精确的平均值。",
+        "在 1 到 4 个 rank 上，无论分片均匀与否，每个样本都恰好评估一次，而且每个 rank 都返回了精确的平均值。",
     "after fn(state, {name!r}) there is no file {name!r}: save the state at that path.":
         "调用 fn(state, {name!r}) 之后没有文件 {name!r}：请把 state 保存到这个路径。",
     "the saved file does not load back as the state you were given: save the whole dict.":
         "保存的文件加载回来后与传入的 state 不一致：请保存整个 dict。",
     ("a save that failed halfway destroyed the previous snapshot: write to a temporary file in the same folder, "
      "then os.replace() it onto the path (a rename is all or nothing)."):
-        ("一次中途失败的保存毁掉了上一个快照：先写到同一文件夹里的临时文件，"
+        ("中途失败的保存毁掉了上一个快照：先写到同一文件夹里的临时文件，"
          "再用 os.replace() 把它换到目标路径上（重命名要么完全成功，要么什么都不改变）。"),
     ("the temporary file is in another folder: os.replace() is atomic only within one file system, so put it "
      "beside the checkpoint."):
@@ -110,7 +110,7 @@ MESSAGES: dict[str, str] = {
     "when torch.save failed your function returned as if it had saved: let the OSError propagate.":
         "torch.save 失败时，你的函数却像保存成功一样正常返回了：让 OSError 继续向上抛出。",
     "a failed save left {left} behind: remove the temporary file when the write fails, then re-raise.":
-        "一次失败的保存留下了 {left}：写入失败时先删除临时文件，再重新抛出异常。",
+        "失败的保存留下了 {left}：写入失败时先删除临时文件，再重新抛出异常。",
     "the snapshot loads back, and a save that failed halfway left the previous one whole and nothing else behind.":
         "快照可以加载回来；中途失败的保存既保住了完整的上一个快照，也没有留下其他文件。",
     "the one-device loop": "单设备训练循环",
@@ -129,10 +129,10 @@ MESSAGES: dict[str, str] = {
     "waited": "等待",
     "(every rank's output: {path})": "（所有 rank 的输出：{path}）",
     ("the process group never formed ({cause}): under torchrun call dist.init_process_group(backend) with no "
-     "address, port or init_method; torchrun gives every rank a free port {logs}."):
+     "address, port or init_method; torchrun picks a free port and gives it to every rank {logs}."):
         ("进程组始终没有建立（{cause}）："
          "在 torchrun 下调用 dist.init_process_group(backend) 时不要传地址、端口或 init_method；"
-         "torchrun 会给每个 rank 分配空闲端口{logs}。"),
+         "torchrun 会把同一个空闲端口告诉每个 rank{logs}。"),
     ("{cause}: a DistributedSampler (or a group) built for another world size; leave num_replicas and rank out, "
      "they default to the process group's {logs}."):
         ("{cause}：DistributedSampler（或某个进程组）是按另一个进程总数构建的；不要传 num_replicas 和 rank，"
@@ -168,9 +168,9 @@ MESSAGES: dict[str, str] = {
         ("rank {rank} 在 {name}（它的第 {number} 次集合通信）中等待 rank {missing}，而运行失败时它们还没有调用它："
          "它是不是写在了 `if rank == 0:` 里面，或者有个 rank 卡住了、太慢了？"),
     "no process group: call dist.init_process_group() first; without it each process trains alone.":
-        "没有进程组：先调用 dist.init_process_group()；否则每个进程都在各自单独训练。",
+        "没有进程组：先调用 dist.init_process_group()；否则各个进程只是各自单独训练。",
     "the model is never wrapped in DistributedDataParallel: nothing averages the gradients across ranks.":
-        "模型始终没有用 DistributedDataParallel 包装：没有任何东西在各 rank 之间平均梯度。",
+        "模型始终没有用 DistributedDataParallel 包装：梯度不会在各 rank 之间求平均。",
     ("no DistributedSampler: every rank iterates all 960 samples; give the DataLoader "
      "sampler=DistributedSampler(dataset) so that each rank gets its own share."):
         ("没有 DistributedSampler：每个 rank 都遍历全部 960 个样本；"
@@ -178,7 +178,7 @@ MESSAGES: dict[str, str] = {
     ("rank {rank}'s DistributedSampler has num_replicas={num_replicas}, rank={its_rank}; it needs {world_size} "
      "and {rank} (leave them out: they default to the process group's)."):
         ("rank {rank} 的 DistributedSampler 是 num_replicas={num_replicas}, rank={its_rank}；"
-         "它需要的是 {world_size} 和 {rank}（不传这两个参数即可：它们默认取进程组的值）。"),
+         "应为 {world_size} 和 {rank}（不传这两个参数即可：它们默认取进程组的值）。"),
     ("the DistributedSampler has shuffle={shuffle}, seed={seed}: the one-device loop shuffles with seed 0 + "
      "epoch, which is DistributedSampler's default (shuffle=True, seed=0)."):
         ("DistributedSampler 的参数是 shuffle={shuffle}, seed={seed}：单设备循环用随机种子 0 + epoch 打乱数据，"
@@ -190,17 +190,17 @@ MESSAGES: dict[str, str] = {
     "rank {rank} saved too: only rank 0 may write the file (put torch.save under `if rank == 0:`).":
         "rank {rank} 也保存了文件：只有 rank 0 可以写这个文件（把 torch.save 放到 `if rank == 0:` 下面）。",
     "nothing was saved at --out: rank 0 must torch.save the model's weights there.":
-        "--out 处没有保存任何东西：rank 0 必须用 torch.save 把模型权重保存到那里。",
+        "--out 指定的位置没有保存任何文件：rank 0 必须用 torch.save 把模型权重保存到那里。",
     "the saved names start with 'module.' (the DDP wrapper's): save model.module.state_dict().":
-        "保存的参数名以 'module.' 开头（这是 DDP 包装器加上的）：请保存 model.module.state_dict()。",
+        "保存的参数名以 'module.' 开头（这是 DDP 包装器加上的前缀）：请保存 model.module.state_dict()。",
     "ranks {ranks} print the epoch loss: print on rank 0 only.":
-        "rank {ranks} 都打印了每轮的损失：只在 rank 0 上打印。",
+        "rank {ranks} 都打印了每轮的损失：只应在 rank 0 上打印。",
     "rank 0 prints no 'epoch N loss X' line: keep the one-device loop's print, on rank 0.":
         "rank 0 没有打印 'epoch N loss X' 这样的行：保留单设备循环中的 print，放在 rank 0 上执行。",
     ("rank 0's DataLoader takes batches of {batches}, and the checker passed --batch-size {batch_size}: "
      "--batch-size is already the batch of one process, use it as it is."):
-        ("rank 0 的 DataLoader 批大小是 {batches}，而检查器传入的是 --batch-size {batch_size}："
-         "--batch-size 已经是单个进程的批大小，直接使用即可。"),
+        ("rank 0 的 DataLoader 批次大小是 {batches}，而检查器传入的是 --batch-size {batch_size}："
+         "--batch-size 已经是单个进程的批次大小，直接使用即可。"),
     ("the gradients come out {world_size}x too small: DDP already averages them over the ranks, so the loss must "
      "not be divided by world_size again."):
         "梯度小了 {world_size} 倍：DDP 已经在各 rank 之间对梯度求平均，所以损失不能再除以 world_size。",
@@ -240,16 +240,16 @@ MESSAGES: dict[str, str] = {
     "write ready() and launch()": "写出 ready() 和 launch()",
     ("{where}, the buckets launched were {launched} of {expected}: launch(k) must run once per bucket, as soon as "
      "all of bucket k's gradients are ready (and those of the buckets before it)."):
-        ("{where}，启动过的梯度桶是 {launched}，而全部梯度桶是 {expected}：launch(k) 对每个梯度桶必须恰好运行一次，"
+        ("{where}，发起过的梯度桶是 {launched}，应为 {expected}：launch(k) 对每个梯度桶必须恰好运行一次，"
          "而且要在梯度桶 k 的所有梯度（以及它之前各梯度桶的梯度）都就绪时立即运行。"),
     ("{where}, the buckets were launched in the order {launched}: launch them by index, 0 first, a full bucket "
      "waiting for the ones before it; two ranks whose gradients arrive in another order would otherwise "
      "all-reduce different buckets together."):
-        ("{where}，梯度桶的启动顺序是 {launched}：要按编号启动，从 0 开始，已装满的梯度桶要等它前面的梯度桶先启动；"
+        ("{where}，梯度桶的发起顺序是 {launched}：要按编号发起，从 0 开始，已装满的梯度桶要等它前面的梯度桶先发起；"
          "否则梯度到达顺序不同的两个 rank 会把不同的梯度桶放在一起做全归约。"),
     ("{where}, every all-reduce started after the last gradient was ready: launch a bucket inside ready(), as "
      "soon as it is full, so that it travels while the backward computes the rest."):
-        ("{where}，所有全归约都是在最后一个梯度就绪之后才开始的：要在 ready() 里、梯度桶一装满就启动它，"
+        ("{where}，所有全归约都是在最后一个梯度就绪之后才开始的：要在 ready() 里、梯度桶一装满就发起它，"
          "这样它在传输的同时，反向传播还在计算其余的梯度。"),
     ("{where}, an all-reduce was waited for while the backward still produced gradients: then the backward stalls "
      "on every bucket; wait only in finish(), once the backward is done."):
@@ -265,14 +265,14 @@ MESSAGES: dict[str, str] = {
     "on rank {rank} the weights end {gap:.3g} away from DDP's.":
         "在 rank {rank} 上，最终权重与 DDP 的相差 {gap:.3g}。",
     "on rank {rank}, with a model whose layers run in the reverse order of their registration":
-        "在 rank {rank} 上，对一个各层运行顺序与注册顺序相反的模型",
+        "在 rank {rank} 上，换成各层按注册顺序的逆序运行的模型时",
     "{problem} (one ready() may have to launch several buckets: a loop)":
-        "{problem}（一次 ready() 可能要启动好几个梯度桶：需要一个循环）",
+        "{problem}（一次 ready() 可能要发起好几个梯度桶：需要一个循环）",
     ("on 2 ranks, {steps} steps: {buckets} buckets launched in order during the backward, gradients and weights "
      "equal to torch's DistributedDataParallel, also for a model whose layers run in the reverse order of their "
      "registration."):
-        ("在 2 个 rank 上训练 {steps} 步：{buckets} 个梯度桶在反向传播期间按顺序启动，"
-         "梯度和权重都与 torch 的 DistributedDataParallel 相同；对各层运行顺序与注册顺序相反的模型也是如此。"),
+        ("在 2 个 rank 上训练 {steps} 步：{buckets} 个梯度桶在反向传播期间按顺序发起，"
+         "梯度和权重都与 torch 的 DistributedDataParallel 相同；换成各层按注册顺序的逆序运行的模型也是如此。"),
     "the MyZero1 skeleton": "MyZero1 骨架",
     "write step()": "写出 step()",
     ("step {step} all-reduced the whole gradient: then every rank holds all of it; reduce-scatter it, so that "
@@ -320,8 +320,8 @@ MESSAGES: dict[str, str] = {
     "{where}: {problem}": "{where}：{problem}",
     ("{where}: it sent {sent} bytes where {pieces} pieces of {mine} are enough: send each piece on once, the one "
      "that arrived last."):
-        ("{where}：它发送了 {sent} 字节，而 {pieces} 块、每块 {mine} 字节就够了：每一块只转发一次，"
-         "转发的是最后收到的那一块。"),
+        ("{where}：它发送了 {sent} 字节，而 {pieces} 块、每块 {mine} 字节就够了：每一步只转发刚收到的那一块，"
+         "每块只转发一次。"),
     "your code called dist.{name}: build the all-gather from isend/irecv (or send/recv) only.":
         "你的代码调用了 dist.{name}：只能用 isend/irecv（或 send/recv）来实现全收集。",
     ("it sent to rank {peer}: in the ring rank {rank} sends to its right neighbour {right} only and receives from "

@@ -178,7 +178,7 @@ def group_problem(cause: str, logs: str) -> str | None:
     """A launch that failed while the ranks formed their group or chose their shards, in one sentence (or None)."""
     if "DistNetworkError" in cause or "connect to" in cause or "address already in use" in cause.lower():
         return tr("the process group never formed ({cause}): under torchrun call dist.init_process_group(backend) "
-                  "with no address, port or init_method; torchrun gives every rank a free port {logs}.", cause=cause,
+                  "with no address, port or init_method; torchrun picks a free port and gives it to every rank {logs}.", cause=cause,
                   logs=logs)
     if "Invalid rank" in cause:
         return tr("{cause}: a DistributedSampler (or a group) built for another world size; leave num_replicas and "

@@ -27,11 +27,6 @@ def launches(path: Path) -> int:
     return sum(bool(LAUNCH.search(c.source)) for c in nbformat.read(path, 4).cells if c.cell_type == "code")
 
 
-def pytest_ignore_collect(collection_path):
-    """The Chinese editions are not executed again: their code is the English notebooks' (tests/test_edition.py)."""
-    return True if collection_path.name.endswith(".zh-CN.ipynb") else None
-
-
 def pytest_collection_modifyitems(items):
     """Longest first, so no worker starts a long file while the other runs out of work: notebooks by their launches,
     then test files by their slow tests. pytest-xdist keeps each file on one worker (--dist loadfile) and, with

@@ -36,7 +36,7 @@ def lesson(tmp_path, monkeypatch):
     """A lesson of four cells in a folder of its own, its translation folder beside it."""
     monkeypatch.setattr(edition, "TRANSLATIONS", tmp_path / "i18n")
     nb = nbformat.v4.new_notebook(cells=[
-        cell("markdown", "# 01 · A lesson\nSee [the next one](02_b.ipynb).", "title"),
+        cell("markdown", "# 01 · A lesson\nSee [the next one](02_b.ipynb) and [the article](../docs/source-article.md).", "title"),
         cell("markdown", "## 中文版\n[01_a.zh-CN.ipynb](01_a.zh-CN.ipynb)", "pointer"),
         cell("code", "from dp_helpers import tasks  # the package", "setup"),
         cell("markdown", "## What you'll learn\n## Takeaways\n## Exercises", "skeleton"),
@@ -54,7 +54,7 @@ def fill(path, texts: dict) -> None:
     edition.write_blocks(edition.translation_of(path), path.name, blocks)
 
 
-CHINESE = {"title": "# 01 · 一课\n见[下一课](02_b.ipynb)。", "setup": "from dp_helpers import tasks  # 课程的包",
+CHINESE = {"title": "# 01 · 一课\n见[下一课](02_b.ipynb)和[原文](../docs/source-article.md)。", "setup": "from dp_helpers import tasks  # 课程的包",
            "skeleton": "## 学习目标\n## 小结\n## 练习"}
 
 
@@ -66,6 +66,7 @@ def test_a_skeleton_is_english_until_translated_then_the_build_localises_links_a
     nb, problems = edition.build(lesson)
     assert problems == []
     assert "](02_b.zh-CN.ipynb)" in nb.cells[0].source and "](01_a.ipynb)" in nb.cells[1].source
+    assert "](../docs/source-article.zh-CN.md)" in nb.cells[0].source
     assert nb.cells[2].source == "from dp_helpers import tasks  # 课程的包\n" + edition.LANGUAGE_LINES
 
 

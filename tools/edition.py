@@ -119,9 +119,16 @@ def is_setup(cell) -> bool:
     return cell.cell_type == "code" and "from dp_helpers" in cell.source
 
 
+# pages that have a Chinese version of their own: a link from the edition goes there
+CHINESE_PAGES = {"../docs/source-article.md": "../docs/source-article.zh-CN.md", "../README.md": "../README.zh-CN.md"}
+
+
 def localise(markdown: str) -> str:
-    """Links to other lessons go to their Chinese editions (the Colab and Kaggle badges too)."""
-    return NOTEBOOK_LINK.sub(lambda m: m[1] + SUFFIX, markdown)
+    """Links to other lessons, and to pages with a Chinese version, go to the Chinese ones (the badges too)."""
+    markdown = NOTEBOOK_LINK.sub(lambda m: m[1] + SUFFIX, markdown)
+    for english, chinese in CHINESE_PAGES.items():
+        markdown = re.sub(rf"\]\({re.escape(english)}(?=[)#])", f"]({chinese}", markdown)
+    return markdown
 
 
 def build(english: Path) -> tuple[nbformat.NotebookNode, list[str]]:
