@@ -27,12 +27,13 @@ import torch
 
 from .env import worker_numerics
 from .exercises import Verdict, _unanswered, difference, verdict
-from .i18n import tr, tr_later
+from .i18n import language, tr, tr_later
 from .launch import DistributedRunError, RunTimeoutError, run_ddp, run_json
 from .launch.diagnose import VICTIM_RE
 from .scripts.probe import COLLECTIVES, group_timeout_s
 
 TEMPLATE = Path(__file__).resolve().parent / "scripts" / "one_device_loop.py"
+CHINESE_TEMPLATES = Path(__file__).resolve().parent / "templates" / "zh-CN"  # the same code, comments in Chinese
 GLOBAL_BATCH = 48  # the template's 960 samples make 20 full steps an epoch on 1, 2 and 3 ranks (24 and 16 each)
 EPOCHS, LR = 4, 0.05  # the template's defaults
 LAUNCH_TIMEOUT_S = 90
@@ -66,7 +67,7 @@ def start_ddp_exercise(path="my_ddp.py") -> None:
 def copy_template(template: Path, path: Path, what: str, task: str, checker: str) -> None:
     """Copy an exercise's starting file to path unless one is there already, and say what to do next (what, task: tr())."""
     if not path.exists():
-        shutil.copyfile(template, path)
+        shutil.copyfile(in_language(template), path)
     if same_as_template(path, template):
         print(tr("{path}: {what}, ready to edit. Open it in the editor, {task}, then run {checker}({path!r}).",
                  path=str(path), what=what, task=task, checker=checker))
@@ -75,9 +76,16 @@ def copy_template(template: Path, path: Path, what: str, task: str, checker: str
                  path=str(path), task=task, checker=checker))
 
 
+def in_language(template: Path) -> Path:
+    """The starting file in the checkers' language: the Chinese edition's learner gets Chinese comments."""
+    chinese = CHINESE_TEMPLATES / template.name
+    return chinese if language() == "zh-CN" and chinese.exists() else template
+
+
 def same_as_template(path: Path, template: Path = TEMPLATE) -> bool:
-    """Whether the file is still the untouched starting file."""
-    return path.read_text(encoding="utf-8") == template.read_text(encoding="utf-8")
+    """Whether the file is still the untouched starting file (in either language)."""
+    text = path.read_text(encoding="utf-8")
+    return any(text == t.read_text(encoding="utf-8") for t in (template, CHINESE_TEMPLATES / template.name) if t.exists())
 
 
 def epoch_losses(lines: list[str]) -> list[str]:

@@ -126,3 +126,31 @@ def test_an_unknown_language_is_refused_in_one_sentence(language):
         i18n.set_language("fr")
     assert str(refused.value).count(". ") == 0  # one sentence
     assert i18n.language() == "zh-CN"  # the refused call changed nothing
+
+
+def without_docstrings(path: Path) -> str:
+    """A module's code as its AST, docstrings removed (comments are not in the AST)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                and isinstance(body[0].value.value, str):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
+
+
+@pytest.mark.parametrize("name", ["my_ddp_core.py", "my_zero1.py", "my_all_gather.py", "one_device_loop.py"])
+def test_each_starting_file_has_a_chinese_copy_with_the_same_code(name):
+    english = (PACKAGE / "scripts" if name == "one_device_loop.py" else PACKAGE / "templates") / name
+    chinese = sc.CHINESE_TEMPLATES / name
+    assert without_docstrings(chinese) == without_docstrings(english)
+    assert chinese.read_text(encoding="utf-8") != english.read_text(encoding="utf-8")  # its comments are Chinese
+
+
+def test_the_chinese_edition_starts_from_the_chinese_file_and_either_counts_as_untouched(language, tmp_path, capsys):
+    i18n.set_language("zh-CN")
+    sc.start_my_zero1_exercise(str(tmp_path / "my_zero1.py"))
+    assert (tmp_path / "my_zero1.py").read_text(encoding="utf-8") == (sc.CHINESE_TEMPLATES / "my_zero1.py").read_text(
+        encoding="utf-8")
+    assert sc.file_problem(tmp_path / "my_zero1.py", sc.ZERO1_TEMPLATE, "x") is not None  # untouched: not launched
+    assert sc.same_as_template(tmp_path / "my_zero1.py", sc.ZERO1_TEMPLATE)

@@ -187,7 +187,7 @@ print("all started", flush=True)
 
 def test_launches_from_a_parent_with_busy_threads(write_script, tmp_path):
     script = write_script("import os\nprint('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'])\n")
-    proc = subprocess.run([sys.executable, "-c", BUSY_PARENT, "20", str(script), str(tmp_path)],
+    proc = subprocess.run([sys.executable, "-c", BUSY_PARENT, "8", str(script), str(tmp_path)],
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0 and "all started" in proc.stdout, proc.stderr[-3000:]
 

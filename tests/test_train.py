@@ -122,15 +122,12 @@ def readme_held_bytes(strategy: str) -> list[dict]:
 def test_digits_keep_the_invariant_and_reach_90_percent_with_the_defaults(tmp_path, pools):
     digits = {"data": "digits", "epochs": 2}  # --model cnn --lr 0.05 --momentum 0.9 are digits' defaults
     assert (TrainConfig(**digits).model, TrainConfig(**digits).lr, TrainConfig(**digits).momentum) == ("cnn", 0.05, 0.9)
-    run = launch_train(pools, tmp_path / "run", 2, batch_size=10, **digits)
-    alone = launch_train(pools, tmp_path / "alone", 1, batch_size=20, **digits)
-    torch.testing.assert_close(final_weights(run.run_dir), final_weights(alone.run_dir))
-    reference = train_reference(TrainConfig(batch_size=10, **digits), world_size=2)
+    run = launch_train(pools, tmp_path / "run", 2, batch_size=10, **digits)  # notebook 07 runs it under torchrun
+    reference = train_reference(TrainConfig(batch_size=10, **digits), world_size=2)  # one process, batch 20
     torch.testing.assert_close(final_weights(run.run_dir), reference.state_dict)
-    assert reference.held_out_accuracy == pytest.approx(alone.summary["held_out_accuracy"], abs=1 / 297)
     accuracy = run.summary["held_out_accuracy"]
     assert len(accuracy) == 2 and accuracy[-1] >= 0.9 and run.summary["final_accuracy"] == accuracy[-1]
-    assert abs(accuracy[-1] - alone.summary["held_out_accuracy"][-1]) <= 1 / 297  # at most one image's tie flips
+    assert abs(accuracy[-1] - reference.held_out_accuracy[-1]) <= 1 / 297  # at most one image's tie flips
 
 
 def score_rank(info, world_size: int) -> dict:
