@@ -1,0 +1,125 @@
+"""PowerSGD from scratch as a DDP communication hook: `ddp.register_comm_hook(PowerSGD(rank=2), PowerSGD.hook)`.
+
+Each gradient matrix M (n x m, a tensor viewed as shape[0] rows) is sent as two thin factors: P = M Q (n x r) is
+all-reduced and orthogonalised, Q = M^T P (m x r) is all-reduced, and M is replaced by P Q^T / world_size: (n + m) r
+values on the wire instead of n m. What the rank-r picture misses is kept on the rank (error feedback) and added to
+the next step's gradient; Q is carried over from the last step (warm start). Vectors and matrices that would not
+shrink by `min_compression_rate` are all-reduced as they are. The same algorithm, choices and random draws as
+torch's `powerSGD_hook` with a `PowerSGDState` of the same arguments (tests/test_compression.py), in plain steps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+
+def orthogonalize(columns: torch.Tensor) -> None:
+    """Gram-Schmidt in place on an (n x r) matrix: its columns made orthonormal, one after the other."""
+    for i in range(columns.shape[1]):
+        col = columns[:, i:i + 1]
+        col /= torch.norm(col)
+        rest = columns[:, i + 1:]
+        rest -= (col * rest).sum(0, keepdim=True) * col
+
+
+def worth_compressing(n: int, m: int, rank: int, min_compression_rate: float) -> bool:
+    """Whether (n + m) r values undercut the n m of the matrix by at least min_compression_rate."""
+    return (n + m) * rank * min_compression_rate < n * m
+
+
+class PowerSGD:
+    """The hook's state (as torch's PowerSGDState) and the hook: rank-r compression of each bucket after start_iter steps."""
+
+    def __init__(self, rank: int = 1, start_iter: int = 2, min_compression_rate: float = 2, error_feedback: bool = True,
+                 warm_start: bool = True, seed: int = 0):
+        if start_iter < 2 and (error_feedback or warm_start):  # DDP rebuilds its buckets after the first step
+            raise ValueError("PowerSGD with error feedback or warm start needs start_iter >= 2.")
+        self.rank, self.start_iter, self.min_rate = rank, start_iter, min_compression_rate
+        self.error_feedback, self.warm_start, self.iter = error_feedback, warm_start, 0
+        self.rng = np.random.RandomState(seed)  # one seed per bucket and step, the same on every rank (as torch's)
+        self.errors, self.qs = {}, {}  # per bucket: the error kept back, the last step's Q factors
+        self.sent = 0  # values handed to all-reduce so far, on this rank
+
+    def hook(self, bucket):  # no annotations: DDP compares them with the classes themselves
+        """The communication hook: DDP hands it each GradBucket of this rank's gradients, it returns their average."""
+        buffer, k = bucket.buffer(), bucket.index()
+        if self.iter < self.start_iter:
+            self.all_reduce(buffer)  # the first steps as DDP's default: no compression
+        else:
+            self.compress(buffer, k, [g.view(g.shape[0], -1) for g in bucket.gradients()])
+        self.iter += bucket.is_last()  # the last bucket of a step is bucket 0
+        done = torch.futures.Future()
+        done.set_result(buffer)
+        return done
+
+    def all_reduce(self, tensor: torch.Tensor) -> None:
+        """The mean over ranks, in place, counting what is sent."""
+        self.sent += tensor.numel()
+        dist.all_reduce(tensor)
+        tensor /= dist.get_world_size()
+
+    def compress(self, buffer: torch.Tensor, k: int, matrices: list[torch.Tensor]) -> None:
+        """Replace this bucket's gradients by the rank-r approximation of their average (and keep this rank's error)."""
+        if self.error_feedback:
+            buffer += self.errors.get(k, 0)
+            before = buffer.clone()
+        big = [m for m in matrices if worth_compressing(*m.shape, min(*m.shape, self.rank), self.min_rate)]
+        small = [m for m in matrices if all(m is not b for b in big)]
+        if small:
+            flat = torch.cat([m.reshape(-1) for m in small])
+            self.all_reduce(flat)
+            offset = 0
+            for m in small:
+                m.copy_(flat[offset:offset + m.numel()].view_as(m))
+                offset += m.numel()
+        shapes = [m.shape for m in big]
+        big.sort(key=lambda m: shapes.index(m.shape))  # torch draws the random Qs shape by shape
+        qs = self.factors_q(k, big)
+        ps = [m @ q for m, q in zip(big, qs, strict=True)]
+        self.sum_all(ps)  # P = sum over ranks of M Q; its scale does not matter once orthogonalised
+        for p in ps:
+            orthogonalize(p)
+        qs = [m.T @ p for m, p in zip(big, ps, strict=True)]
+        self.sum_all(qs)
+        for m, p, q in zip(big, ps, qs, strict=True):
+            m.copy_(p @ q.T / dist.get_world_size())
+        self.qs[k] = qs if self.warm_start else None
+        if self.error_feedback:
+            self.errors[k] = before - buffer
+
+    def factors_q(self, k: int, big: list[torch.Tensor]) -> list[torch.Tensor]:
+        """This step's Q for each matrix: last step's, orthogonalised again (warm start), or random orthonormal ones."""
+        if self.qs.get(k) is not None:
+            for q in self.qs[k]:
+                orthogonalize(q)
+            return self.qs[k]
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.rng.randint(1_000_000_000))
+            qs = [torch.randn(m.shape[1], min(*m.shape, self.rank), dtype=m.dtype).to(m.device) for m in big]
+        for q in qs:
+            orthogonalize(q)
+        return qs
+
+    def sum_all(self, factors: list[torch.Tensor]) -> None:
+        """Sum a list of factors over ranks with one all-reduce of their concatenation."""
+        if not factors:
+            return
+        flat = torch.cat([f.reshape(-1) for f in factors])
+        self.sent += flat.numel()
+        dist.all_reduce(flat)
+        offset = 0
+        for f in factors:
+            f.copy_(flat[offset:offset + f.numel()].view_as(f))
+            offset += f.numel()
+
+
+def powersgd_values(shapes: list[torch.Size], rank: int, min_compression_rate: float = 2) -> int:
+    """Values a step all-reduces under PowerSGD for gradients of these shapes: (n + m) r per matrix, the rest whole."""
+    total = 0
+    for shape in shapes:
+        n, m = shape[0], (torch.Size(shape).numel() // shape[0] if len(shape) else 1)
+        r = min(n, m, rank)
+        total += (n + m) * r if worth_compressing(n, m, r, min_compression_rate) else n * m
+    return total
