@@ -16,7 +16,10 @@ def model() -> nn.Module:
 
 def trained(info, ours: bool, rank: int, bucket_mb: float = 25, error_feedback: bool = True) -> dict:
     """STEPS SGD steps under DDP with a PowerSGD hook (ours or torch's), each rank on its own data."""
-    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import (
+        PowerSGDState,
+        powerSGD_hook,
+    )
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from dp_helpers.compression import PowerSGD
@@ -58,6 +61,6 @@ def test_powersgd_from_scratch_equals_torchs_hook_and_sends_its_formula(pools, r
     for result in pools.get(2).run(both, rank):
         torch.testing.assert_close(result["ours"]["weights"], result["torch"]["weights"], rtol=1e-5, atol=1e-6)
         for run in ("ours", "ours, 4 KB buckets"):  # each bucket keeps its own error and Q; the values sent add up alike
-            per_step = [b - a for a, b in zip([0] + result[run]["sent"], result[run]["sent"])]
+            per_step = torch.tensor(result[run]["sent"]).diff(prepend=torch.tensor([0])).tolist()
             assert per_step == [full] * START + [compressed] * (STEPS - START), run
         assert compressed < full / 3  # the point of it
