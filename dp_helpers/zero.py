@@ -108,20 +108,20 @@ class Flat:
         return self.buffer[rank * self.size:(rank + 1) * self.size]
 
 
-def all_gather_flat(out: torch.Tensor, mine: torch.Tensor, async_op: bool = False):
+def all_gather_flat(out: torch.Tensor, mine: torch.Tensor, async_op: bool = False, group=None):
     """out = every rank's `mine`, concatenated in rank order (with async_op, returns the work to wait for)."""
     if hasattr(dist, "all_gather_single"):
-        return dist.all_gather_single(out, mine, async_op=async_op)
+        return dist.all_gather_single(out, mine, async_op=async_op, group=group)
     # older torch releases have only this name (torch 2.13 deprecates it)
-    return dist.all_gather_into_tensor(out, mine, async_op=async_op)
+    return dist.all_gather_into_tensor(out, mine, async_op=async_op, group=group)
 
 
-def reduce_scatter_flat(mine: torch.Tensor, full: torch.Tensor, async_op: bool = False):
+def reduce_scatter_flat(mine: torch.Tensor, full: torch.Tensor, async_op: bool = False, group=None):
     """mine = the sum over ranks of this rank's chunk of `full` (with async_op, returns the work to wait for)."""
     if hasattr(dist, "reduce_scatter_single"):
-        return dist.reduce_scatter_single(mine, full, async_op=async_op)
+        return dist.reduce_scatter_single(mine, full, async_op=async_op, group=group)
     # older torch releases have only this name (torch 2.13 deprecates it)
-    return dist.reduce_scatter_tensor(mine, full, async_op=async_op)
+    return dist.reduce_scatter_tensor(mine, full, async_op=async_op, group=group)
 
 
 class ZeroAdam:
