@@ -4,8 +4,9 @@ Each gradient matrix M (n x m, a tensor viewed as shape[0] rows) is sent as two 
 all-reduced and orthogonalised, Q = M^T P (m x r) is all-reduced, and M is replaced by P Q^T / world_size: (n + m) r
 values on the wire instead of n m. What the rank-r picture misses is kept on the rank (error feedback) and added to
 the next step's gradient; Q is carried over from the last step (warm start). Vectors and matrices that would not
-shrink by `min_compression_rate` are all-reduced as they are. The same algorithm, choices and random draws as
-torch's `powerSGD_hook` with a `PowerSGDState` of the same arguments (tests/test_compression.py), in plain steps.
+shrink by `min_compression_rate` are all-reduced as they are. The same algorithm, choices, random draws and matrix
+kernel as torch's `powerSGD_hook` with a `PowerSGDState` of the same arguments, in plain steps: bit for bit its
+result at ranks 1 and 2, where torch orthogonalises by Gram-Schmidt too (tests/test_compression.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,11 @@ def orthogonalize(columns: torch.Tensor) -> None:
         col /= torch.norm(col)
         rest = columns[:, i + 1:]
         rest -= (col * rest).sum(0, keepdim=True) * col
+
+
+def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b through torch.bmm, the kernel torch's hook uses: the same rounding, so the same result bit for bit."""
+    return torch.bmm(a[None], b[None])[0]
 
 
 def worth_compressing(n: int, m: int, rank: int, min_compression_rate: float) -> bool:
@@ -77,14 +83,15 @@ class PowerSGD:
         shapes = [m.shape for m in big]
         big.sort(key=lambda m: shapes.index(m.shape))  # torch draws the random Qs shape by shape
         qs = self.factors_q(k, big)
-        ps = [m @ q for m, q in zip(big, qs, strict=True)]
+        ps = [mm(m, q) for m, q in zip(big, qs, strict=True)]
         self.sum_all(ps)  # P = sum over ranks of M Q; its scale does not matter once orthogonalised
         for p in ps:
             orthogonalize(p)
-        qs = [m.T @ p for m, p in zip(big, ps, strict=True)]
+        qs = [mm(m.T, p) for m, p in zip(big, ps, strict=True)]
         self.sum_all(qs)
         for m, p, q in zip(big, ps, qs, strict=True):
-            m.copy_(p @ q.T / dist.get_world_size())
+            q /= dist.get_world_size()  # the mean of M^T P over ranks (kept for the warm start, as torch keeps it)
+            m.copy_(mm(p, q.T))
         self.qs[k] = qs if self.warm_start else None
         if self.error_feedback:
             self.errors[k] = before - buffer

@@ -59,7 +59,8 @@ def test_powersgd_from_scratch_equals_torchs_hook_and_sends_its_formula(pools, r
     shapes = [p.shape for p in model().parameters()]
     full, compressed = sum(s.numel() for s in shapes), powersgd_values(shapes, rank)
     for result in pools.get(2).run(both, rank):
-        torch.testing.assert_close(result["ours"]["weights"], result["torch"]["weights"], rtol=1e-5, atol=1e-6)
+        exact = {"rtol": 0, "atol": 0} if rank <= 2 else {"rtol": 1e-5, "atol": 1e-6}  # torch: QR above rank 2
+        torch.testing.assert_close(result["ours"]["weights"], result["torch"]["weights"], **exact)
         for run in ("ours", "ours, 4 KB buckets"):  # each bucket keeps its own error and Q; the values sent add up alike
             per_step = torch.tensor(result[run]["sent"]).diff(prepend=torch.tensor([0])).tolist()
             assert per_step == [full] * START + [compressed] * (STEPS - START), run

@@ -1,15 +1,17 @@
 """Held-out accuracy against bytes sent, on the digits, for every way of communicating less, in one launch.
 
 Run with run_ddp("dp_helpers.scripts.communicate_less", "--epochs", "4", world_size=2); rank 0 writes
-accuracy_bytes.json: for each method, the values it handed to collectives per epoch (as bytes) and the held-out
-accuracy after each epoch. Every method trains the digits CNN from the same start on the same shards:
-DDP, DDP with the fp16 hook and our PowerSGD hook (SGD with momentum), local SGD (the same SGD, parameters averaged
-every H steps), DiLoCo (inner AdamW, outer Nesterov SGD every H steps).
+accuracy_bytes.json: for each method, the bytes it handed to collectives by the end of each epoch, the held-out
+accuracy after each epoch and the final weights. Every method trains the digits CNN from the same start on the same
+shards: DDP, DDP with the fp16 hook, our PowerSGD hook (with and without error feedback) and torch's
+(SGD with momentum); local SGD (the same SGD, parameters averaged every H steps: ours, and torch's
+PeriodicModelAverager); DiLoCo (inner AdamW, outer Nesterov SGD every H steps).
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +20,8 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (
     allreduce_hook,
     fp16_compress_hook,
 )
+from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
+from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dp_helpers import dist as dph
@@ -25,6 +29,7 @@ from dp_helpers.compression import PowerSGD
 from dp_helpers.data import load_digits_split, make_loader
 from dp_helpers.env import worker_numerics
 from dp_helpers.local_sgd import DiLoCo, LocalSGD
+from dp_helpers.mini_ddp import broadcast_state
 from dp_helpers.models import build_model
 from dp_helpers.tasks import held_out_scores
 
@@ -37,13 +42,20 @@ class Config:
     batch_size: int = 32  # per rank
     lr: float = 0.05
     momentum: float = 0.9
-    methods: tuple[str, ...] = ("DDP", "fp16", "PowerSGD r=1", "PowerSGD r=4", "local SGD H=4", "DiLoCo H=4",
-                                "DiLoCo H=16")
+    methods: tuple[str, ...] = ("DDP", "fp16", "PowerSGD r=1", "PowerSGD r=1 (torch)", "PowerSGD r=1 without error feedback",
+                                "PowerSGD r=4", "local SGD H=1", "local SGD H=4", "PeriodicModelAverager H=4",
+                                "DiLoCo H=4", "DiLoCo H=16")
+
+
+def number(method: str, key: str) -> int:
+    """The value of "r=4" or "H=16" in a method's name."""
+    return int(re.search(rf"\b{key}=(\d+)", method)[1])
 
 
 def counted(hook, bytes_per_value: int):
     """A DDP communication hook that adds the bytes it hands to the all-reduce to state['bytes']."""
     def count(state, bucket):
+        """Count, then all-reduce as the wrapped hook does."""
         state["bytes"] += bucket.buffer().numel() * bytes_per_value
         return hook(None, bucket)
     return count
@@ -54,14 +66,17 @@ def build(method: str, cfg: Config):
     model = build_model("cnn", 1, seed=0)
     sgd = lambda params: torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum)  # noqa: E731
     if method.startswith("DiLoCo"):
-        diloco = DiLoCo(model, torch.optim.AdamW(model.parameters(), lr=2e-3), period=int(method.split("H=")[1]))
+        diloco = DiLoCo(model, torch.optim.AdamW(model.parameters(), lr=2e-3), period=number(method, "H"))
         return model, diloco.step, diloco.inner.zero_grad, lambda: 4 * diloco.sent
-    if method.startswith("local SGD"):
-        local, opt = LocalSGD(model, period=int(method.split("H=")[1])), sgd(model.parameters())
-        return model, lambda: (opt.step(), local.after_step()), opt.zero_grad, lambda: 4 * local.sent
+    if method.startswith(("local SGD", "PeriodicModelAverager")):
+        return local_sgd(model, method, sgd(model.parameters()))
     ddp, state = DDP(model), {"bytes": 0}
-    if method.startswith("PowerSGD"):
-        state = PowerSGD(rank=int(method.split("r=")[1]), start_iter=10)
+    if method.startswith("PowerSGD") and "torch" in method:
+        torch_state = PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=10)
+        ddp.register_comm_hook(torch_state, powerSGD_hook)  # its values are ours: the same algorithm, checked
+        sent = lambda: None  # noqa: E731
+    elif method.startswith("PowerSGD"):
+        state = PowerSGD(rank=number(method, "r"), start_iter=10, error_feedback="without error" not in method)
         ddp.register_comm_hook(state, PowerSGD.hook)
         sent = lambda: 4 * state.sent  # noqa: E731
     else:
@@ -70,6 +85,17 @@ def build(method: str, cfg: Config):
         sent = lambda: state["bytes"]  # noqa: E731
     opt = sgd(ddp.parameters())
     return ddp, opt.step, opt.zero_grad, sent
+
+
+def local_sgd(model: nn.Module, method: str, opt: torch.optim.Optimizer):
+    """Local SGD, ours or torch's PeriodicModelAverager (given the same start): parameters averaged every H steps."""
+    period = number(method, "H")
+    if method.startswith("local SGD"):
+        local = LocalSGD(model, period=period)
+        return model, lambda: (opt.step(), local.after_step()), opt.zero_grad, lambda: 4 * local.sent
+    broadcast_state(model)
+    averager = PeriodicModelAverager(period=period)
+    return model, lambda: (opt.step(), averager.average_parameters(model.parameters())), opt.zero_grad, lambda: None
 
 
 def train(info: dph.DistInfo, method: str, cfg: Config) -> dict:
@@ -86,6 +112,7 @@ def train(info: dph.DistInfo, method: str, cfg: Config) -> dict:
         row["bytes"].append(sent())
         row["accuracy"].append(held_out_scores(getattr(model, "module", model), held_out, info.world_size,
                                                info.rank)["accuracy"])
+    row["weights"] = torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
     return row
 
 
