@@ -6,7 +6,8 @@ values on the wire instead of n m. What the rank-r picture misses is kept on the
 the next step's gradient; Q is carried over from the last step (warm start). Vectors and matrices that would not
 shrink by `min_compression_rate` are all-reduced as they are. The same algorithm, choices, random draws and matrix
 kernel as torch's `powerSGD_hook` with a `PowerSGDState` of the same arguments, in plain steps: bit for bit its
-result at ranks 1 and 2, where torch orthogonalises by Gram-Schmidt too (tests/test_compression.py).
+result at ranks 1 and 2, where torch orthogonalises by Gram-Schmidt too (tests/test_compression.py). Notebook 10
+teaches it.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ import torch
 import torch.distributed as dist
 
 
-def orthogonalize(columns: torch.Tensor) -> None:
+def orthogonalize(columns: torch.Tensor, epsilon: float = 0) -> None:
     """Gram-Schmidt in place on an (n x r) matrix: its columns made orthonormal, one after the other."""
     for i in range(columns.shape[1]):
         col = columns[:, i:i + 1]
-        col /= torch.norm(col)
+        col /= torch.norm(col) + epsilon  # an all-zero column (an unused parameter) needs epsilon > 0, or it is NaN
         rest = columns[:, i + 1:]
         rest -= (col * rest).sum(0, keepdim=True) * col
 
@@ -39,12 +40,12 @@ class PowerSGD:
     """The hook's state (as torch's PowerSGDState) and the hook: rank-r compression of each bucket after start_iter steps."""
 
     def __init__(self, rank: int = 1, start_iter: int = 2, min_compression_rate: float = 2, error_feedback: bool = True,
-                 warm_start: bool = True, seed: int = 0):
+                 warm_start: bool = True, seed: int = 0, epsilon: float = 0):
         if start_iter < 2 and (error_feedback or warm_start):  # DDP rebuilds its buckets after the first step
             raise ValueError("PowerSGD with error feedback or warm start needs start_iter >= 2.")
         self.rank, self.start_iter, self.min_rate = rank, start_iter, min_compression_rate
-        self.error_feedback, self.warm_start, self.iter = error_feedback, warm_start, 0
-        self.rng = np.random.RandomState(seed)  # one seed per bucket and step, the same on every rank (as torch's)
+        self.error_feedback, self.warm_start, self.iter, self.epsilon = error_feedback, warm_start, 0, epsilon
+        self.rng = np.random.RandomState(seed)  # a seed for each random start of Q, the same on every rank (as torch's)
         self.errors, self.qs = {}, {}  # per bucket: the error kept back, the last step's Q factors
         self.sent = 0  # values handed to all-reduce so far, on this rank
 
@@ -55,16 +56,16 @@ class PowerSGD:
             self.all_reduce(buffer)  # the first steps as DDP's default: no compression
         else:
             self.compress(buffer, k, [g.view(g.shape[0], -1) for g in bucket.gradients()])
-        self.iter += bucket.is_last()  # the last bucket of a step is bucket 0
+        self.iter += bucket.is_last()  # one step: DDP hands over its last bucket once the others are done
         done = torch.futures.Future()
         done.set_result(buffer)
         return done
 
     def all_reduce(self, tensor: torch.Tensor) -> None:
-        """The mean over ranks, in place, counting what is sent."""
+        """The mean over ranks, in place, counting what is sent (divided first, as torch's allreduce_hook: no overflow)."""
         self.sent += tensor.numel()
-        dist.all_reduce(tensor)
         tensor /= dist.get_world_size()
+        dist.all_reduce(tensor)
 
     def compress(self, buffer: torch.Tensor, k: int, matrices: list[torch.Tensor]) -> None:
         """Replace this bucket's gradients by the rank-r approximation of their average (and keep this rank's error)."""
@@ -86,7 +87,7 @@ class PowerSGD:
         ps = [mm(m, q) for m, q in zip(big, qs, strict=True)]
         self.sum_all(ps)  # P = sum over ranks of M Q; its scale does not matter once orthogonalised
         for p in ps:
-            orthogonalize(p)
+            orthogonalize(p, self.epsilon)
         qs = [mm(m.T, p) for m, p in zip(big, ps, strict=True)]
         self.sum_all(qs)
         for m, p, q in zip(big, ps, qs, strict=True):
@@ -100,13 +101,13 @@ class PowerSGD:
         """This step's Q for each matrix: last step's, orthogonalised again (warm start), or random orthonormal ones."""
         if self.qs.get(k) is not None:
             for q in self.qs[k]:
-                orthogonalize(q)
+                orthogonalize(q, self.epsilon)
             return self.qs[k]
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.rng.randint(1_000_000_000))
             qs = [torch.randn(m.shape[1], min(*m.shape, self.rank), dtype=m.dtype).to(m.device) for m in big]
         for q in qs:
-            orthogonalize(q)
+            orthogonalize(q, self.epsilon)
         return qs
 
     def sum_all(self, factors: list[torch.Tensor]) -> None:
@@ -126,7 +127,7 @@ def powersgd_values(shapes: list[torch.Size], rank: int, min_compression_rate: f
     """Values a step all-reduces under PowerSGD for gradients of these shapes: (n + m) r per matrix, the rest whole."""
     total = 0
     for shape in shapes:
-        n, m = shape[0], (torch.Size(shape).numel() // shape[0] if len(shape) else 1)
+        n, m = shape[0], torch.Size(shape).numel() // shape[0]
         r = min(n, m, rank)
         total += (n + m) * r if worth_compressing(n, m, r, min_compression_rate) else n * m
     return total

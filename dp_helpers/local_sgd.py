@@ -1,12 +1,15 @@
 """Local SGD and DiLoCo from scratch: each rank trains alone for H steps, then the ranks meet once.
 
 - `LocalSGD(model, period=H)`: after steps 0, H, 2H, ... (counted from 0, as torch's `PeriodicModelAverager`) the
-  parameters are replaced by their mean over ranks; with H = 1 and plain SGD that is DDP's update.
+  parameters are replaced by their mean over ranks; with H = 1 and plain SGD that is DDP's update. During
+  `warmup_steps` it averages every step (torch's averager leaves those to DDP's post_localSGD_hook instead).
 - `DiLoCo(model, inner, period=H)`: the inner optimizer (AdamW in the paper) takes H local steps; then the mean over
   ranks of how far each moved from the last agreed weights is a pseudo-gradient, which an outer SGD with Nesterov
   momentum applies to those weights (Douillard et al., 2023). Inner state stays on each rank.
-Both send the parameters once per H steps, 1/H of DDP's gradients; `sent` counts the values. They run inside a
-process group, on a plain (not DDP-wrapped) model.
+Both send the parameters once per H steps, 1/H of DDP's gradients; `sent` counts the values handed to all-reduce.
+They run inside a process group, on a plain (not DDP-wrapped) model; every rank must take the same number of steps,
+and steps after the last average stay each rank's own. Buffers (BatchNorm's statistics) are not averaged.
+Notebook 10 teaches both.
 """
 
 from __future__ import annotations
@@ -38,13 +41,14 @@ class LocalSGD:
         if period < 1 or warmup_steps < 0:
             raise ValueError(f"LocalSGD needs period >= 1 and warmup_steps >= 0, not {period} and {warmup_steps}.")
         broadcast_state(module)  # every rank starts from rank 0's weights
-        self.params, self.period, self.warmup = [p for p in module.parameters()], period, warmup_steps
+        self.params, self.period, self.warmup = list(module.parameters()), period, warmup_steps
         self.step, self.sent = 0, 0
 
     def after_step(self) -> None:
         """Average the parameters if this step's turn has come (before warmup_steps: every step, as DDP would)."""
-        if self.step >= self.warmup and (self.step - self.warmup) % self.period == 0:
-            self.sent += average_([p.data for p in self.params])
+        if self.step < self.warmup or (self.step - self.warmup) % self.period == 0:
+            # as torch's averager: only parameters with a gradient (the others did not move)
+            self.sent += average_([p.data for p in self.params if p.grad is not None])
         self.step += 1
 
 

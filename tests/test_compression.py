@@ -10,8 +10,8 @@ STEPS, START = 6, 2
 def model() -> nn.Module:
     """Matrices worth compressing (two of one shape: torch draws their Qs shape by shape), a vector, a thin head."""
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(10, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 24), nn.Tanh(),
-                         nn.Linear(24, 32), nn.Tanh(), nn.Linear(32, 1))
+    return nn.Sequential(nn.Linear(10, 32), nn.Tanh(), nn.Linear(32, 24), nn.Tanh(), nn.Linear(24, 32), nn.Tanh(),
+                         nn.Linear(32, 24), nn.Tanh(), nn.Linear(24, 1))  # shapes A, B, A: the draw order shows
 
 
 def trained(info, ours: bool, rank: int, bucket_mb: float = 25, error_feedback: bool = True) -> dict:

@@ -63,6 +63,10 @@ def every_method(info) -> dict:
     averager = PeriodicModelAverager(period=3)
     out["PeriodicModelAverager, H = 3"] = sgd_steps(m, info.rank, lambda: averager.average_parameters(m.parameters()))
     out["DiLoCo"], out["DiLoCo sent"] = diloco_steps(model(info.rank), info.rank, period=3)
+    m = model(info.rank)
+    local = LocalSGD(m, period=3, warmup_steps=2)  # averages after steps 0 and 1 (warm-up), then 2 and 5
+    sgd_steps(m, info.rank, local.after_step)
+    out["warm-up sent"] = local.sent
     return out
 
 
@@ -99,3 +103,4 @@ def test_local_sgd_and_diloco_equal_their_references_and_send_one_hth(pools):
         torch.testing.assert_close(rank["DiLoCo"], diloco_alone(period=3))
         assert rank["local sent"] == psi * len(range(0, STEPS, 3))  # after steps 0 and 3
         assert rank["DiLoCo sent"] == psi * (STEPS // 3)  # DDP would send psi a step: 1/3 of it
+        assert rank["warm-up sent"] == psi * 4

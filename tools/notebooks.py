@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=("check", "execute", "times", "translate"))
     parser.add_argument("notebooks", nargs="*", type=Path)
     parser.add_argument("--skeleton", action="store_true", help="translate: first add the missing blocks, in English")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # `translate --skeleton NOTEBOOK` as well as `translate NOTEBOOK --skeleton`
     paths = [p.resolve() for p in args.notebooks] or edition.english_notebooks()
     if args.command == "translate":
         return translate(paths, args.skeleton)
