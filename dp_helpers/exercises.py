@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from . import compression
 from .checks import UsageError
 from .collectives import naive_ring_bytes, ring_bytes, ring_schedule, ring_time
 from .config import shard_plan
@@ -61,6 +62,9 @@ ANSWERS = {
         label: "naive" if naive_ring_time(n, 8, 10e-6, 10e9) < ring_time(n, 8, 10e-6, 10e9) else "ring"
         for label, n in (("8 B", 8), ("100 MB", 100e6))},
     "09 DataParallel emulation limit at f = 1/3": lambda: 1.5,
+    "10 PowerSGD saving for a 4096 x 4096 matrix at rank 8": lambda: 4096 * 4096 / compression.powersgd_values(
+        [torch.Size([4096, 4096])], 8),
+    "10 DiLoCo share of DDP's bytes at H = 32": lambda: 1 / 32,  # the parameters once per 32 steps; N does not enter
 }
 
 
@@ -353,6 +357,25 @@ def check_chunk(fn) -> Verdict:
     """Notebook 08: fn(numel, world_size, rank) -> (start, stop) of the values rank owns in the padded flat buffer."""
     cases = [(n, w, r) for n in (1, 5, 8, 10, 33, 100) for w in (1, 2, 3, 4, 8) for r in range(w)]
     return compare_function(fn, flat_chunk, cases, lambda a: f"numel={a[0]}, world_size={a[1]}, rank={a[2]}")
+
+
+def low_rank_step(m: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Notebook 10: PowerSGD's step for one matrix on one rank: P = M Q orthonormalised, then P (Mᵀ P)ᵀ."""
+    p = m @ q
+    compression.orthogonalize(p)
+    return p @ (m.T @ p).T
+
+
+def check_low_rank(fn) -> Verdict:
+    """Notebook 10: fn(m, q) -> PowerSGD's rank-r picture of m from q, one rank, no communication."""
+    gen = torch.Generator().manual_seed(0)
+    cases = [(torch.randn(n, k, generator=gen), torch.randn(k, r, generator=gen)) for n, k, r in ((6, 4, 1), (8, 5, 2),
+                                                                                                   (5, 9, 3), (7, 7, 7))]
+    close = lambda got, want: isinstance(got, torch.Tensor) and got.shape == want.shape and bool(  # noqa: E731
+        torch.allclose(got, want, rtol=1e-4, atol=1e-5))  # any orthonormalisation (QR too) gives the same picture
+    return compare_function(fn, low_rank_step, cases, lambda a: tr("a {n} x {k} matrix M and a {k} x {r} Q",
+                                                                   n=a[0].shape[0], k=a[0].shape[1], r=a[1].shape[1]),
+                            same=close)
 
 
 class RecordingNoSync:

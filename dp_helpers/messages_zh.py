@@ -347,4 +347,5 @@ MESSAGES: dict[str, str] = {
      "only, (W - 1) pieces sent by each rank."):
         ("在 3 个和 4 个 rank 上，五种形状和数据类型：结果与 dist.all_gather 相同，消息只发给右邻居，"
          "每个 rank 发送 (W - 1) 块。"),
+    "a {n} x {k} matrix M and a {k} x {r} Q": "一个 {n} x {k} 的矩阵 M 和一个 {k} x {r} 的 Q",
 }

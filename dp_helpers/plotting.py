@@ -461,3 +461,16 @@ def plot_ring_buffers(world_size: int = 4, ax=None):
     ax.tick_params(length=0)
     ax.set_title(f"each rank's {w} chunks after every step: how many ranks' values a chunk sums (Σ: all {w})")
     return ax
+
+
+def plot_accuracy_vs_bytes(results: dict, ax=None):
+    """Held-out accuracy after each epoch against the bytes sent by then, a line per method (notebook 10)."""
+    ax = _get_ax(ax)
+    for i, (method, row) in enumerate(results.items()):
+        style = "--" if "without" in method else "-"  # the one that is meant to fail
+        ax.plot([b / 2**20 for b in row["bytes"]], [100 * a for a in row["accuracy"]], style, marker="o", ms=3,
+                color=f"C{i % 10}", label=method)
+    ax.set_xscale("log")
+    ax.set(xlabel="MiB handed to collectives by one rank (log scale)", ylabel="held-out accuracy (%)")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return ax

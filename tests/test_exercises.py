@@ -31,6 +31,8 @@ RIGHT = {
     "09 efficiency when t_comm grows": "lower",
     "09 faster ring on 8 ranks at 10 us and 10 GB/s": {"8 B": "naive", "100 MB": "ring"},
     "09 DataParallel emulation limit at f = 1/3": 1.5,
+    "10 PowerSGD saving for a 4096 x 4096 matrix at rank 8": 256,
+    "10 DiLoCo share of DDP's bytes at H = 32": 1 / 32,
 }
 
 
@@ -155,6 +157,7 @@ def not_written(*args):
     (ex.check_buckets, buckets, buckets_below_cap, "expected"),
     (ex.check_chunk, chunk, lambda n, w, r: (r * n // w, (r + 1) * n // w), "expected"),
     (ex.check_naive_ring_time, ex.naive_ring_time, lambda b, w, a, bw: 2 * (w - 1) * (a + b / w / bw), "expected"),
+    (ex.check_low_rank, lambda m, q: (p := torch.linalg.qr(m @ q).Q) @ (m.T @ p).T, lambda m, q: m @ q @ q.T, "expected"),
 ])
 def test_function_checkers_both_ways(checker, right, wrong, words, capsys):
     assert checker(right)

@@ -61,9 +61,9 @@ def counted(hook, bytes_per_value: int):
     return count
 
 
-def build(method: str, cfg: Config):
+def build(method: str, cfg: Config, device: torch.device):
     """(model to call, optimizer step, zero_grad, bytes so far) for one method, all from the same seed."""
-    model = build_model("cnn", 1, seed=0)
+    model = build_model("cnn", 1, seed=0).to(device)
     sgd = lambda params: torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum)  # noqa: E731
     if method.startswith("DiLoCo"):
         diloco = DiLoCo(model, torch.optim.AdamW(model.parameters(), lr=2e-3), period=number(method, "H"))
@@ -100,14 +100,14 @@ def local_sgd(model: nn.Module, method: str, opt: torch.optim.Optimizer):
 
 def train(info: dph.DistInfo, method: str, cfg: Config) -> dict:
     """One method's run: bytes sent and held-out accuracy after each epoch."""
-    model, step, zero_grad, sent = build(method, cfg)
+    model, step, zero_grad, sent = build(method, cfg, info.device)
     loader, sampler = make_loader(load_digits_split("train"), cfg.batch_size, info.rank, info.world_size, seed=0)
     held_out, row = load_digits_split("held_out"), {"bytes": [], "accuracy": []}
     for epoch in range(cfg.epochs):
         sampler.set_epoch(epoch)
         for x, y in loader:
             zero_grad()
-            nn.functional.cross_entropy(model(x), y).backward()
+            nn.functional.cross_entropy(model(x.to(info.device)), y.to(info.device)).backward()
             step()
         row["bytes"].append(sent())
         row["accuracy"].append(held_out_scores(getattr(model, "module", model), held_out, info.world_size,
