@@ -2,7 +2,7 @@
 
 Run with run_ddp("dp_helpers.scripts.communicate_less", "--epochs", "4", world_size=2); rank 0 writes
 accuracy_bytes.json: for each method, the bytes it handed to collectives by the end of each epoch, the held-out
-accuracy after each epoch and the final weights. Every method trains the digits CNN from the same start on the same
+accuracy of rank 0's weights after each epoch and rank 0's final weights. Every method trains the digits CNN from the same start on the same
 shards: DDP, DDP with the fp16 hook, our PowerSGD hook (with and without error feedback) and torch's
 (SGD with momentum); local SGD (the same SGD, parameters averaged every H steps: ours, and torch's
 PeriodicModelAverager); DiLoCo (inner AdamW, outer Nesterov SGD every H steps).
@@ -11,6 +11,7 @@ PeriodicModelAverager); DiLoCo (inner AdamW, outer Nesterov SGD every H steps).
 from __future__ import annotations
 
 import argparse
+import copy
 import re
 from dataclasses import dataclass
 
@@ -110,8 +111,9 @@ def train(info: dph.DistInfo, method: str, cfg: Config) -> dict:
             nn.functional.cross_entropy(model(x.to(info.device)), y.to(info.device)).backward()
             step()
         row["bytes"].append(sent())
-        row["accuracy"].append(held_out_scores(getattr(model, "module", model), held_out, info.world_size,
-                                               info.rank)["accuracy"])
+        judged = copy.deepcopy(getattr(model, "module", model))  # between meetings the ranks' weights differ:
+        broadcast_state(judged)  # every rank scores rank 0's (not counted: it is not training traffic)
+        row["accuracy"].append(held_out_scores(judged, held_out, info.world_size, info.rank)["accuracy"])
     row["weights"] = torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
     return row
 
