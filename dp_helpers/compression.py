@@ -16,6 +16,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from .local_sgd import average_
+
 
 def orthogonalize(columns: torch.Tensor, epsilon: float = 0) -> None:
     """Gram-Schmidt in place on an (n x r) matrix: its columns made orthonormal, one after the other."""
@@ -53,19 +55,13 @@ class PowerSGD:
         """The communication hook: DDP hands it each GradBucket of this rank's gradients, it returns their average."""
         buffer, k = bucket.buffer(), bucket.index()
         if self.iter < self.start_iter:
-            self.all_reduce(buffer)  # the first steps as DDP's default: no compression
+            self.sent += average_([buffer])  # the first steps as DDP's default: no compression
         else:
             self.compress(buffer, k, [g.view(g.shape[0], -1) for g in bucket.gradients()])
         self.iter += bucket.is_last()  # one step: DDP hands over its last bucket once the others are done
         done = torch.futures.Future()
         done.set_result(buffer)
         return done
-
-    def all_reduce(self, tensor: torch.Tensor) -> None:
-        """The mean over ranks, in place, counting what is sent (divided first, as torch's allreduce_hook: no overflow)."""
-        self.sent += tensor.numel()
-        tensor /= dist.get_world_size()
-        dist.all_reduce(tensor)
 
     def compress(self, buffer: torch.Tensor, k: int, matrices: list[torch.Tensor]) -> None:
         """Replace this bucket's gradients by the rank-r approximation of their average (and keep this rank's error)."""
@@ -75,12 +71,7 @@ class PowerSGD:
         big = [m for m in matrices if worth_compressing(*m.shape, min(*m.shape, self.rank), self.min_rate)]
         small = [m for m in matrices if all(m is not b for b in big)]
         if small:
-            flat = torch.cat([m.reshape(-1) for m in small])
-            self.all_reduce(flat)
-            offset = 0
-            for m in small:
-                m.copy_(flat[offset:offset + m.numel()].view_as(m))
-                offset += m.numel()
+            self.sent += average_(small)  # as they are, divided before the sum as torch's allreduce_hook does
         shapes = [m.shape for m in big]
         big.sort(key=lambda m: shapes.index(m.shape))  # torch draws the random Qs shape by shape
         qs = self.factors_q(k, big)
