@@ -49,13 +49,13 @@ class PowerSGD:
         self.error_feedback, self.warm_start, self.iter, self.epsilon = error_feedback, warm_start, 0, epsilon
         self.rng = np.random.RandomState(seed)  # a seed for each random start of Q, the same on every rank (as torch's)
         self.errors, self.qs = {}, {}  # per bucket: the error kept back, the last step's Q factors
-        self.sent = 0  # values handed to all-reduce so far, on this rank
+        self.sent, self.calls = 0, 0  # values handed to all-reduce so far on this rank, and the all-reduces
 
     def hook(self, bucket):  # no annotations: DDP compares them with the classes themselves
         """The communication hook: DDP hands it each GradBucket of this rank's gradients, it returns their average."""
         buffer, k = bucket.buffer(), bucket.index()
         if self.iter < self.start_iter:
-            self.sent += average_([buffer])  # the first steps as DDP's default: no compression
+            self.sent, self.calls = self.sent + average_([buffer]), self.calls + 1  # the first steps as DDP's default
         else:
             self.compress(buffer, k, [g.view(g.shape[0], -1) for g in bucket.gradients()])
         self.iter += bucket.is_last()  # one step: DDP hands over its last bucket once the others are done
@@ -71,7 +71,8 @@ class PowerSGD:
         big = [m for m in matrices if worth_compressing(*m.shape, min(*m.shape, self.rank), self.min_rate)]
         small = [m for m in matrices if all(m is not b for b in big)]
         if small:
-            self.sent += average_(small)  # as they are, divided before the sum as torch's allreduce_hook does
+            # as they are, divided before the sum as torch's allreduce_hook does
+            self.sent, self.calls = self.sent + average_(small), self.calls + 1
         shapes = [m.shape for m in big]
         big.sort(key=lambda m: shapes.index(m.shape))  # torch draws the random Qs shape by shape
         qs = self.factors_q(k, big)
@@ -106,7 +107,7 @@ class PowerSGD:
         if not factors:
             return
         flat = torch.cat([f.reshape(-1) for f in factors])
-        self.sent += flat.numel()
+        self.sent, self.calls = self.sent + flat.numel(), self.calls + 1
         dist.all_reduce(flat)
         offset = 0
         for f in factors:

@@ -14,7 +14,9 @@ MODELS = ("linear", "mlp", "bn", "cnn")
 DATA = ("synthetic", "digits")
 DIGITS_TRAIN, DIGITS_HELD_OUT = 1500, 297  # scikit-learn's 1,797 digits, split once: 1,500 divide evenly over 1-6 ranks
 SYNCS = ("ddp", "manual")
-STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp")
+STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp", "hsdp")
+COMMS = ("allreduce", "fp16", "powersgd", "local-sgd", "diloco")
+POWERSGD_START = 10  # uncompressed steps first (torch suggests about a tenth of the run; 2 is the minimum)
 BN_SYNCS = ("none", "allreduce", "syncbn")
 
 
@@ -68,7 +70,23 @@ class TrainConfig:
     strategy: str = option("ddp", "ddp: every rank holds everything; zero1: DDP with torch's ZeroRedundancyOptimizer "
                                   "(optimizer state sharded); zero2: the course's ZeroOptimizer, stage 2 (gradients "
                                   "and state sharded); zero3: the course's Zero3Module (parameters too); fsdp: torch's "
-                                  "fully_shard (parameters, gradients and state sharded)", choices=STRATEGIES)
+                                  "fully_shard (parameters, gradients and state sharded); hsdp: fully_shard on a 2-D "
+                                  "mesh, sharded within groups of --shard-size processes and replicated across them",
+                       choices=STRATEGIES)
+    shard_size: int = option(2, "with --strategy hsdp: processes per shard group; the world size must hold at least "
+                                "2 such groups", minimum=2)
+    comm: str = option("allreduce", "how the ranks' gradients meet (--strategy ddp): allreduce (DDP's default); fp16 "
+                                    "(torch's fp16_compress_hook); powersgd (the course's PowerSGD hook, rank "
+                                    f"--powersgd-rank, after {POWERSGD_START} uncompressed steps); local-sgd (each rank "
+                                    "steps alone, parameters averaged every --period steps); diloco (inner steps as "
+                                    "local-sgd, then an outer Nesterov SGD step on the averaged change)", choices=COMMS)
+    powersgd_rank: int = option(1, "with --comm powersgd: the rank r of each gradient matrix's approximation",
+                                minimum=1)
+    period: int = option(4, "with --comm local-sgd or diloco: optimizer steps between two averages (H)", minimum=1)
+    outer_lr: float = option(0.7, "with --comm diloco: the outer step's learning rate", kind=float)
+    outer_momentum: float = option(0.5, "with --comm diloco: the outer step's Nesterov momentum (the paper's 0.9 "
+                                        "suits an AdamW inner optimizer; over SGD with momentum it diverged here)",
+                                   kind=float)
     check_grads: bool = option(False, "assert after every backward that all ranks hold identical gradients")
     grad_accum_steps: int = option(1, "micro-batches per optimizer step; DDP all-reduces only on the last (no_sync)",
                                    minimum=1)
@@ -123,12 +141,12 @@ def validate(cfg: TrainConfig, world_size: int = 1) -> None:
         if meta["choices"] is not None:
             check_choice(f.name, value, meta["choices"])
     check_positive_number("lr", cfg.lr)
-    if isinstance(cfg.momentum, bool) or not (isinstance(cfg.momentum, (int, float)) and 0 <= cfg.momentum < 1):
-        raise UsageError(f"momentum must be a number in [0, 1), got {cfg.momentum!r}.")
+    check_momentum("momentum", cfg.momentum)
     if cfg.bn_sync != "none" and cfg.model != "bn":
         raise UsageError(f"bn_sync={cfg.bn_sync!r} only means something for model 'bn' (the one with BatchNorm); "
                          f"model {cfg.model!r} has no BatchNorm: drop --bn-sync or use --model bn.")
-    check_strategy(cfg)
+    check_strategy(cfg, world_size)
+    check_comm(cfg)
     check_data(cfg)
     if cfg.fail_at:
         fault(cfg, world_size)
@@ -136,6 +154,12 @@ def validate(cfg: TrainConfig, world_size: int = 1) -> None:
     if train_samples(cfg) < world_size:
         raise UsageError(f"samples={cfg.samples} is fewer than world_size={world_size}: some ranks would "
                          "only see padding; use more samples or fewer processes.")
+
+
+def check_momentum(name: str, value) -> None:
+    """Refuse a momentum that is not a number in [0, 1)."""
+    if isinstance(value, bool) or not (isinstance(value, (int, float)) and 0 <= value < 1):
+        raise UsageError(f"{name} must be a number in [0, 1), got {value!r}.")
 
 
 def check_kind(name: str, value, kind: type) -> None:
@@ -190,8 +214,13 @@ def fault(cfg: TrainConfig, world_size: int) -> tuple[int, int]:
     return epoch - 1, rank
 
 
-def check_strategy(cfg: TrainConfig) -> None:
+def check_strategy(cfg: TrainConfig, world_size: int = 1) -> None:
     """Refuse what a sharded strategy cannot do: the flags that assume every rank holds the whole model and optimizer."""
+    if cfg.shard_size != 2 and cfg.strategy != "hsdp":
+        raise UsageError(f"--shard-size {cfg.shard_size} only means something with --strategy hsdp; drop it or add "
+                         "--strategy hsdp.")
+    if cfg.strategy == "hsdp":
+        check_hybrid(cfg.shard_size, world_size)
     if cfg.strategy == "ddp":
         return
     clash = [name for name, on in (("--sync manual", cfg.sync == "manual"), ("--check-grads", cfg.check_grads),
@@ -200,6 +229,40 @@ def check_strategy(cfg: TrainConfig) -> None:
     if clash:
         raise UsageError(f"--strategy {cfg.strategy} cannot be combined with {' or '.join(clash)} (they assume every "
                          "rank holds the whole model and optimizer); drop it or use --strategy ddp.")
+
+
+def check_hybrid(shard_size: int, world_size: int) -> None:
+    """Refuse a world size that does not make at least two shard groups of shard_size processes."""
+    if world_size < 2 * shard_size or world_size % shard_size:
+        raise UsageError(f"--strategy hsdp with --shard-size {shard_size} needs a world size that is a multiple of "
+                         f"{shard_size} and at least {2 * shard_size} (two groups to replicate across), not "
+                         f"{world_size}; e.g. --world-size {2 * shard_size}.")
+
+
+def check_comm(cfg: TrainConfig) -> None:
+    """Refuse a --comm that cannot apply, and its settings without it."""
+    unused = [f"--{name.replace('_', '-')} {getattr(cfg, name)}" for name, comms in
+              (("powersgd_rank", ("powersgd",)), ("period", ("local-sgd", "diloco")), ("outer_lr", ("diloco",)),
+               ("outer_momentum", ("diloco",)))
+              if getattr(cfg, name) != getattr(TrainConfig, name) and cfg.comm not in comms]
+    if unused:
+        needs = "powersgd" if "rank" in unused[0] else "diloco" if "outer" in unused[0] else "local-sgd or diloco"
+        raise UsageError(f"{unused[0]} only means something with --comm {needs}; drop it or add that --comm.")
+    check_positive_number("outer_lr", cfg.outer_lr)
+    check_momentum("outer_momentum", cfg.outer_momentum)
+    if cfg.comm == "allreduce":
+        return
+    if cfg.strategy != "ddp" or cfg.sync != "ddp":
+        raise UsageError(f"--comm {cfg.comm} changes how DDP's gradients meet, so it needs --strategy ddp and --sync "
+                         "ddp (the others reduce their own way).")
+    local = cfg.comm in ("local-sgd", "diloco")
+    clash = [name for name, on in (("--check-grads", cfg.check_grads and local), ("--checkpoint", bool(cfg.checkpoint)),
+                                   ("--resume", bool(cfg.resume))) if on and cfg.comm != "fp16"]
+    if clash:
+        why = ("the ranks' gradients differ by design" if clash[0] == "--check-grads" else
+               "each rank keeps state of its own (" + ("error feedback and Q factors" if cfg.comm == "powersgd" else
+                                                       "weights between averages") + ") that a checkpoint does not save")
+        raise UsageError(f"--comm {cfg.comm} cannot be combined with {clash[0]}: {why}.")
 
 
 def add_train_flags(parser: argparse.ArgumentParser) -> None:

@@ -42,14 +42,24 @@ class LocalSGD:
             raise ValueError(f"LocalSGD needs period >= 1 and warmup_steps >= 0, not {period} and {warmup_steps}.")
         broadcast_state(module)  # every rank starts from rank 0's weights
         self.params, self.period, self.warmup = list(module.parameters()), period, warmup_steps
-        self.step, self.sent = 0, 0
+        self.step, self.sent, self.calls = 0, 0, 0
 
     def after_step(self) -> None:
         """Average the parameters if this step's turn has come (before warmup_steps: every step, as DDP would)."""
         if self.step < self.warmup or (self.step - self.warmup) % self.period == 0:
-            # as torch's averager: only parameters with a gradient (the others did not move)
-            self.sent += average_([p.data for p in self.params if p.grad is not None])
+            self.average()
         self.step += 1
+
+    def average(self) -> None:
+        """Replace the parameters by their mean over ranks (as torch's averager: only those with a gradient)."""
+        self.sent += average_([p.data for p in self.params if p.grad is not None])  # the others did not move
+        self.calls += 1
+
+    def finish(self) -> None:
+        """After the last step: average once more if the ranks have stepped alone since the last average."""
+        last = self.step - 1
+        if last >= 0 and not (last < self.warmup or (last - self.warmup) % self.period == 0):
+            self.average()
 
 
 class DiLoCo:
@@ -61,9 +71,9 @@ class DiLoCo:
             raise ValueError(f"DiLoCo needs period >= 1, not {period}.")
         broadcast_state(module)
         self.params = [p for p in module.parameters() if p.requires_grad]
-        self.inner, self.period, self.steps, self.sent = inner, period, 0, 0
+        self.inner, self.period, self.steps, self.sent, self.calls = inner, period, 0, 0, 0
         self.agreed = [p.detach().clone() for p in self.params]  # the weights the ranks last agreed on
-        self.outer = torch.optim.SGD(self.agreed, lr=outer_lr, momentum=outer_momentum, nesterov=True)
+        self.outer = torch.optim.SGD(self.agreed, lr=outer_lr, momentum=outer_momentum, nesterov=outer_momentum > 0)
 
     def step(self) -> None:
         """One inner step; after each H-th, the outer step."""
@@ -72,11 +82,20 @@ class DiLoCo:
         if self.steps % self.period == 0:
             self.outer_step()
 
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """The inner optimizer's zero_grad: DiLoCo stands where the optimizer stood in a training loop."""
+        self.inner.zero_grad(set_to_none=set_to_none)
+
+    def finish(self) -> None:
+        """After the last step: one outer step more if inner steps were taken since the last one."""
+        if self.steps % self.period:
+            self.outer_step()
+
     @torch.no_grad()
     def outer_step(self) -> None:
         """The ranks' mean pseudo-gradient (agreed - local) as the outer optimizer's gradient; everyone takes the result."""
         deltas = [a - p for a, p in zip(self.agreed, self.params, strict=True)]
-        self.sent += average_(deltas)
+        self.sent, self.calls = self.sent + average_(deltas), self.calls + 1
         for a, d in zip(self.agreed, deltas, strict=True):
             a.grad = d
         self.outer.step()

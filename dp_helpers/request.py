@@ -71,7 +71,7 @@ def progress_steps(cfg: TrainConfig, world_size: int) -> int | None:
     if cfg.resume:  # torch is imported only when resuming
         from .training import check_resume
 
-        first = check_resume(cfg, world_size)
+        first = check_resume(cfg)
         if cfg.stop_after and cfg.stop_after <= first:
             raise UsageError(f"--stop-after {cfg.stop_after} stops at or before epoch {first}, where {cfg.resume} "
                              "resumes: nothing would train; raise --stop-after or leave it out.")

@@ -136,7 +136,7 @@ def read_checkpoint(path: str) -> dict:
 
 
 # what a resumed run must keep, or it would train another job than the checkpoint's (the sizes are checked apart)
-RESUMED_SETTINGS = ("lr", "momentum", "data", "samples", "dim", "sync", "strategy", "use_no_sync", "bn_sync")
+RESUMED_SETTINGS = ("lr", "momentum", "data", "samples", "dim", "sync", "strategy", "use_no_sync", "bn_sync", "comm")
 
 
 def changed_settings(state: dict, cfg) -> dict:
@@ -156,8 +156,9 @@ def as_flags(settings: dict) -> str:
     return " ".join(word for name, value in settings.items() for word in flag_words(name, value))
 
 
-def check_resume(cfg, world_size: int) -> int:
+def check_resume(cfg) -> int:
     """Refuse, in one sentence, a checkpoint this run cannot continue; returns the epoch it resumes from."""
+    # another world size, batch size or accumulation is fine: whole tensors, written at an epoch's end
     from .models import build_model
 
     state = read_checkpoint(cfg.resume)
@@ -173,13 +174,16 @@ def check_resume(cfg, world_size: int) -> int:
     if changed:
         raise UsageError(f"{cfg.resume} was trained with {as_flags(changed)}, and resuming continues that training: "
                          f"resume with the same (now: {as_flags({k: getattr(cfg, k) for k in changed})}).")
-    written = {k: state[k] for k in ("world_size", "batch_size") if k in state}
-    for key in ("grad_accum_steps", "seed"):  # the global batch, and the sampler's permutation
-        if key in state and state[key] != getattr(cfg, key):
-            raise UsageError(f"{cfg.resume} was written with --{key.replace('_', '-')} {state[key]}; resume with the "
-                             f"same (now: {getattr(cfg, key)}).")
-    if written and written != {"world_size": world_size, "batch_size": cfg.batch_size}:
-        raise UsageError(f"{cfg.resume} was written by world size {written.get('world_size')} x batch "
-                         f"{written.get('batch_size')}; resume with the same --world-size and --batch-size (the "
-                         "sampler's shards and the batches depend on both).")
+    if "seed" in state and state["seed"] != cfg.seed:  # the sampler's permutation
+        raise UsageError(f"{cfg.resume} was written with --seed {state['seed']}; resume with the same (now: {cfg.seed}).")
     return int(state["epoch"])
+
+
+def layout_change(state: dict, world_size: int, batch_size: int, grad_accum_steps: int) -> dict | None:
+    """How a resumed run's layout differs from its checkpoint's (world size, batch, accumulation), or None if alike."""
+    theirs = {k: state.get(k, v) for k, v in (("world_size", world_size), ("batch_size", batch_size),
+                                              ("grad_accum_steps", grad_accum_steps))}
+    if theirs == {"world_size": world_size, "batch_size": batch_size, "grad_accum_steps": grad_accum_steps}:
+        return None
+    return {**theirs, "global_batch_size": theirs["world_size"] * theirs["batch_size"] * theirs["grad_accum_steps"],
+            "epoch": int(state["epoch"])}

@@ -92,8 +92,8 @@ def test_resume_is_checked_before_anything_starts(capsys, tmp_path):
     assert "was trained with --lr 0.01 --momentum 0.9, and resuming continues" in err and "(now: --lr 0.5 --momentum 0.0)" in err
     digits = checkpoint(tmp_path / "digits.pt", config={"data": "synthetic", "samples": 100, "use_no_sync": False})
     assert "--no-use-no-sync" in refused(capsys, "--resume", digits, "--out", out)
-    four = checkpoint(tmp_path / "four.pt", world_size=4, batch_size=10)
-    assert "written by world size 4 x batch 10" in refused(capsys, "--resume", four, "--world-size", "2", "--out", out)
+    seeded = checkpoint(tmp_path / "seeded.pt", seed=3)
+    assert "was written with --seed 3; resume with the same (now: 0)" in refused(capsys, "--resume", seeded, "--out", out)
     assert not (tmp_path / "r").exists()
 
 

@@ -49,6 +49,33 @@ def test_validate_says_one_sentence(change, error, words):
     assert str(info.value) == words
 
 
+@pytest.mark.parametrize("change, world_size, words", [
+    ({"strategy": "hsdp"}, 2, "--strategy hsdp with --shard-size 2 needs a world size that is a multiple of 2 and at "
+     "least 4 (two groups to replicate across), not 2; e.g. --world-size 4."),
+    ({"strategy": "hsdp", "shard_size": 3}, 8, "a multiple of 3 and at least 6"),
+    ({"shard_size": 4}, 8, "--shard-size 4 only means something with --strategy hsdp"),
+    ({"period": 8}, 2, "--period 8 only means something with --comm local-sgd or diloco"),
+    ({"powersgd_rank": 4, "comm": "fp16"}, 2, "--powersgd-rank 4 only means something with --comm powersgd"),
+    ({"comm": "powersgd", "strategy": "zero1"}, 2, "--comm powersgd changes how DDP's gradients meet, so it needs "
+     "--strategy ddp and --sync ddp"),
+    ({"comm": "fp16", "sync": "manual"}, 2, "needs --strategy ddp and --sync ddp"),
+    ({"comm": "powersgd", "checkpoint": "ck.pt"}, 2, "--comm powersgd cannot be combined with --checkpoint: each rank "
+     "keeps state of its own (error feedback and Q factors) that a checkpoint does not save."),
+    ({"comm": "local-sgd", "check_grads": True}, 2, "the ranks' gradients differ by design"),
+])
+def test_comm_and_hsdp_refusals(change, world_size, words):
+    with pytest.raises(UsageError) as info:
+        validate(TrainConfig(**change), world_size)
+    assert words in str(info.value)
+
+
+def test_comm_and_hsdp_that_can_run_pass():
+    validate(TrainConfig(strategy="hsdp", model="mlp"), world_size=4)
+    validate(TrainConfig(strategy="hsdp", shard_size=3), world_size=6)
+    validate(TrainConfig(comm="fp16", checkpoint=""), world_size=2)
+    validate(TrainConfig(comm="diloco", period=16, momentum=0.9), world_size=3)
+
+
 def test_fail_at_names_an_epoch_and_a_rank_of_this_run():
     assert fault(TrainConfig(fail_at="2:1"), world_size=2) == (1, 1)  # 0-based epoch inside
     with pytest.raises(UsageError, match="the rank 0..1"):
@@ -123,3 +150,15 @@ def test_a_worker_refuses_a_checkpoint_trained_with_other_settings(tmp_path):
     with pytest.raises(ValueError, match=r"trained with --lr 0.01 --momentum 0.9; resume with the same \(now: --lr 0.5"):
         load_checkpoint(str(tmp_path / "ck.pt"), model, optimizer, TrainConfig(lr=0.5), info)
     assert load_checkpoint(str(tmp_path / "ck.pt"), model, optimizer, TrainConfig(momentum=0.9), info)[0] == 1
+
+
+def test_a_resume_at_another_layout_says_whether_the_global_batch_is_kept():
+    from dp_helpers.scripts.train import resumed_line
+    from dp_helpers.training import layout_change
+
+    state = {"epoch": 2, "world_size": 4, "batch_size": 5, "grad_accum_steps": 1}
+    assert layout_change(state, 4, 5, 1) is None
+    same = layout_change(state, 2, 5, 2)  # half the ranks, twice the micro-batches: the same 20 samples a step
+    assert same == {"world_size": 4, "batch_size": 5, "grad_accum_steps": 1, "global_batch_size": 20, "epoch": 2}
+    assert resumed_line(same, 20).endswith("the same global batch (20), so the same steps as if uninterrupted")
+    assert "changes from 20 to 10 (same --lr)" in resumed_line(layout_change(state, 2, 5, 1), 10)

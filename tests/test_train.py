@@ -262,6 +262,6 @@ def test_under_a_launcher_the_script_leaves_the_record_to_it(tmp_path, monkeypat
 @pytest.mark.parametrize("bn_sync, world_size, identical", [("none", 2, False), ("allreduce", 2, True), ("none", 1, True)])
 def test_the_summary_says_when_per_rank_batchnorm_breaks_the_equivalence(bn_sync, world_size, identical):
     cfg = TrainConfig(model="bn", bn_sync=bn_sync)
-    said = train_script.equivalence(cfg, shard_plan(cfg.samples, world_size, cfg.batch_size))
+    said = train_script.equivalence(cfg, shard_plan(cfg.samples, world_size, cfg.batch_size), {})
     assert said["equivalent_to_large_batch"] == identical
     assert ("its own shard's statistics" in said["equivalence"]) != identical

@@ -19,7 +19,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (
+    allreduce_hook,
+    fp16_compress_hook,
+)
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dp_helpers import dist as dph
@@ -29,7 +32,9 @@ from dp_helpers.collectives import (
     assert_identical_across_ranks,
     average_gradients,
 )
+from dp_helpers.compression import PowerSGD
 from dp_helpers.config import (
+    POWERSGD_START,
     TrainConfig,
     config_from_args,
     fault,
@@ -38,6 +43,7 @@ from dp_helpers.config import (
     worker_parser,
 )
 from dp_helpers.data import make_loader, shard_plan
+from dp_helpers.local_sgd import DiLoCo, LocalSGD
 from dp_helpers.metrics import MetricsWriter, metrics_dir
 from dp_helpers.mini_ddp import broadcast_state
 from dp_helpers.models import build_model
@@ -47,11 +53,14 @@ from dp_helpers.training import (
     accumulate_step,
     as_flags,
     changed_settings,
+    layout_change,
     make_optimizer,
     seed_everything,
 )
 from dp_helpers.zero3 import Zero3Module
 from dp_helpers.zero_optim import ZeroOptimizer
+
+LOCAL = ("local-sgd", "diloco")  # --comm values under which the model is not DDP-wrapped: ranks step alone
 
 
 def counting_hook(state: dict, bucket):
@@ -59,6 +68,61 @@ def counting_hook(state: dict, bucket):
     state["allreduces"] += 1
     state["bytes"] += bucket.buffer().numel() * bucket.buffer().element_size()
     return allreduce_hook(None, bucket)
+
+
+def counting_fp16_hook(state: dict, bucket):
+    """torch's fp16_compress_hook, counting the buckets and the bytes it sends (2 per value)."""
+    state["allreduces"] += 1
+    state["bytes"] += bucket.buffer().numel() * 2
+    return fp16_compress_hook(None, bucket)
+
+
+def register_comm(model: DDP, cfg: TrainConfig, comm: dict) -> None:
+    """DDP's gradients as --comm says: its all-reduce, fp16, or PowerSGD (each counting what it sends)."""
+    if cfg.comm == "powersgd":
+        comm["counter"] = PowerSGD(rank=cfg.powersgd_rank, start_iter=POWERSGD_START, seed=cfg.seed)
+        model.register_comm_hook(comm["counter"], PowerSGD.hook)
+    else:
+        model.register_comm_hook(comm, counting_fp16_hook if cfg.comm == "fp16" else counting_hook)
+
+
+class StepThenAverage:
+    """The optimizer, then LocalSGD's turn after every step: local SGD where a training loop expects an optimizer."""
+
+    def __init__(self, inner: torch.optim.Optimizer, averager: LocalSGD):
+        self.inner, self.averager = inner, averager
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """The optimizer's zero_grad."""
+        self.inner.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> None:
+        """The optimizer's step, then the average if its turn has come."""
+        self.inner.step()
+        self.averager.after_step()
+
+    def finish(self) -> None:
+        """The last average, if the ranks stepped alone since the one before."""
+        self.averager.finish()
+
+
+def local_optimizer(cfg: TrainConfig, model, optimizer: torch.optim.Optimizer, comm: dict):
+    """Under --comm local-sgd or diloco, the optimizer whose step() also averages every --period steps."""
+    if cfg.comm == "diloco":
+        comm["counter"] = DiLoCo(model, optimizer, cfg.period, cfg.outer_lr, cfg.outer_momentum)
+        return comm["counter"]
+    if cfg.comm == "local-sgd":
+        comm["counter"] = LocalSGD(model, cfg.period)
+        return StepThenAverage(optimizer, comm["counter"])
+    return optimizer
+
+
+def comm_totals(comm: dict, model) -> tuple[int, int]:
+    """(all-reduce calls, bytes handed to them) on this rank: the hooks' counts, or PowerSGD's / local SGD's values."""
+    counter = comm.get("counter")
+    if counter is None:
+        return comm["allreduces"], comm["bytes"]
+    return counter.calls, counter.sent * next(model.parameters()).element_size()
 
 
 def prepare_model(cfg: TrainConfig, info: dph.DistInfo):
@@ -71,11 +135,12 @@ def prepare_model(cfg: TrainConfig, info: dph.DistInfo):
             raise ValueError("bn_sync 'syncbn' needs GPUs (SyncBatchNorm refuses CPU tensors); use 'allreduce'.")
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = model.to(info.device)
-    if cfg.strategy == "fsdp":
-        return zero.fully_sharded(model)
+    if cfg.strategy in ("fsdp", "hsdp"):  # hsdp: sharded within groups of --shard-size, replicated across them
+        return zero.fully_sharded(model, cfg.shard_size if cfg.strategy == "hsdp" else None)
     if cfg.strategy == "zero3":  # the course's ZeRO-3: its parameters are this rank's shards
         return Zero3Module(model)
-    if cfg.sync == "ddp" and cfg.strategy != "zero2":  # zero2 reduces the gradients itself, without DDP
+    # zero2 reduces the gradients itself, without DDP; local SGD and DiLoCo average the parameters instead
+    if cfg.sync == "ddp" and cfg.strategy != "zero2" and cfg.comm not in LOCAL:
         return dph.wrap_ddp(model, info)
     broadcast_state(model)  # rank 0's parameters and buffers everywhere, as DDP's constructor makes them
     return model
@@ -153,17 +218,28 @@ def save_checkpoint(path: str, model, optimizer, epoch: int, step: int, history:
 def load_checkpoint(path: str, model, optimizer, cfg: TrainConfig, info: dph.DistInfo) -> tuple[int, int, dict]:
     """Every rank loads the checkpoint onto its own device; returns (next epoch, next step, the epochs' history)."""
     state = torch.load(path, map_location=info.device, weights_only=True)
-    mine = {"world_size": info.world_size, "batch_size": cfg.batch_size, "grad_accum_steps": cfg.grad_accum_steps}
-    if any(state.get(k, v) != v for k, v in mine.items()):  # the sampler's shards and the batches depend on these
-        raise ValueError(f"{path} was written with {', '.join(f'{k}={state.get(k)}' for k in mine)}; this run has "
-                         f"{', '.join(f'{k}={v}' for k, v in mine.items())}.")
     changed = changed_settings(state, cfg)  # the optimizer's state would bring the old lr and momentum back
     if changed:
         raise ValueError(f"{path} was trained with {as_flags(changed)}; resume with the same (now: "
                          f"{as_flags({k: getattr(cfg, k) for k in changed})}).")
     dph.unwrap(model).load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
-    return state["epoch"], state["step"], state.get("history", {})
+    history = state.get("history", {})
+    change = layout_change(state, info.world_size, cfg.batch_size, cfg.grad_accum_steps)
+    if change:  # another world size: the weights and SGD's state are whole tensors, world-size free
+        history.setdefault("resumed_from", []).append(change)
+        dph.print0(info, resumed_line(change, info.world_size * cfg.batch_size * cfg.grad_accum_steps))
+    return state["epoch"], state["step"], history
+
+
+def resumed_line(change: dict, global_batch: int) -> str:
+    """What a resume at another layout means for the invariant: the same global batch continues the same run."""
+    was = (f"resuming at epoch {change['epoch'] + 1} a checkpoint written by world size {change['world_size']} x batch "
+           f"{change['batch_size']} x {change['grad_accum_steps']} micro-batch(es)")
+    if change["global_batch_size"] == global_batch:
+        return f"{was}: the same global batch ({global_batch}), so the same steps as if uninterrupted"
+    return (f"{was}: the global batch changes from {change['global_batch_size']} to {global_batch} (same --lr): "
+            "training goes on, but not as the uninterrupted run would")
 
 
 def launch_id() -> str:
@@ -255,8 +331,9 @@ def end_of_epoch(history: dict, loss: float, model, held_out, cfg: TrainConfig, 
     """Record the epoch's loss (and, for digits, the held-out scores: a collective); rank 0 prints one line."""
     history.setdefault("epoch_losses", []).append(loss)
     line = f"epoch {epoch + 1}/{cfg.epochs}  loss={loss:.6f}  steps={step}"
-    if held_out is not None:
-        scores = held_out_scores(dph.unwrap(model), held_out, info.world_size, info.rank)
+    if held_out is not None:  # local SGD's ranks differ between averages: each scores it all, rank 0's is reported
+        world, rank = (1, 0) if cfg.comm in LOCAL else (info.world_size, info.rank)
+        scores = held_out_scores(dph.unwrap(model), held_out, world, rank)
         history.setdefault("held_out_accuracy", []).append(scores["accuracy"])
         history.setdefault("held_out_loss", []).append(scores["loss"])
         line += f"  held-out accuracy={100 * scores['accuracy']:.1f}% (loss {scores['loss']:.4f})"
@@ -270,9 +347,10 @@ def train(cfg: TrainConfig, info: dph.DistInfo) -> dict:
     seed_everything(cfg.seed)
     model, comm = prepare_model(cfg, info), {"allreduces": 0, "bytes": 0}
     if isinstance(model, DDP):
-        model.register_comm_hook(comm, counting_hook)
+        register_comm(model, cfg, comm)
     loader, sampler = make_loader(train_set(cfg), cfg.batch_size, info.rank, info.world_size, cfg.seed)
     optimizer, held_out, start = strategy_optimizer(model, cfg), held_out_set(cfg), time.perf_counter()
+    optimizer = local_optimizer(cfg, model, optimizer, comm)
     first, step, history, source = starting_point(cfg, model, optimizer, info)
     note_restart(info, first, step, source, cfg)
     last = min(cfg.epochs, cfg.stop_after) if cfg.stop_after else cfg.epochs
@@ -283,6 +361,9 @@ def train(cfg: TrainConfig, info: dph.DistInfo) -> dict:
             end_of_epoch(history, dph.epoch_mean_loss(loss_sum, count, info), model, held_out, cfg, info, epoch, step)
             if cfg.checkpoint:
                 save_checkpoint(cfg.checkpoint, model, optimizer, epoch + 1, step, history, cfg, info)
+    if hasattr(optimizer, "finish"):  # local SGD, DiLoCo: the ranks agree on the weights they end with
+        optimizer.finish()
+    comm["allreduces"], comm["bytes"] = comm_totals(comm, model)
     summary = make_summary(cfg, info, step, history, comm, time.perf_counter() - start)
     summary["held_bytes"] = held_per_rank(model, optimizer, info)
     weights = full_weights(model)  # a collective under fsdp: every rank takes part
@@ -297,13 +378,28 @@ def restarts(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()] if path.is_file() else []
 
 
-def equivalence(cfg: TrainConfig, plan) -> dict:
+def equivalence(cfg: TrainConfig, plan, history: dict) -> dict:
     """Whether this run matches one process with the global batch, and why: the sampler's arithmetic, then BatchNorm."""
+    g = plan.global_batch
     if cfg.model == "bn" and cfg.bn_sync == "none" and plan.world_size > 1:
-        return {"equivalent_to_large_batch": False,
-                "equivalence": f"not identical to one process with batch {plan.global_batch}: each rank's BatchNorm "
-                               "normalises with its own shard's statistics (--bn-sync allreduce makes them global)."}
-    return {"equivalent_to_large_batch": plan.equivalent_to_large_batch, "equivalence": plan.explain()}
+        why = "each rank's BatchNorm normalises with its own shard's statistics (--bn-sync allreduce makes them global)"
+    elif why := COMM_DIFFERS.get(cfg.comm if not (cfg.comm == "local-sgd" and cfg.period == 1) else "allreduce"):
+        why = why.format(period=cfg.period)
+    elif earlier := [c for c in history.get("resumed_from", []) if c["global_batch_size"] != g]:
+        why = f"its first {earlier[-1]['epoch']} epoch(s) trained with global batch {earlier[-1]['global_batch_size']}"
+    else:
+        earlier = [shard_plan(train_samples(cfg), c["world_size"], c["batch_size"], c["grad_accum_steps"])
+                   for c in history.get("resumed_from", [])]
+        padded = next((e for e in earlier if not e.equivalent_to_large_batch), plan)
+        return {"equivalent_to_large_batch": padded.equivalent_to_large_batch, "equivalence": padded.explain()}
+    return {"equivalent_to_large_batch": False, "equivalence": f"not identical to one process with batch {g}: {why}."}
+
+
+# why a --comm breaks the invariant (local-sgd with --period 1 keeps it: averaging SGD's steps is averaging gradients)
+COMM_DIFFERS = {"fp16": "the gradients are rounded to fp16 for the all-reduce (close, not equal)",
+                "powersgd": "PowerSGD sends a low-rank approximation of the gradients",
+                "local-sgd": "the ranks step alone and average their parameters every {period} steps",
+                "diloco": "the ranks step alone for {period} steps, then DiLoCo's outer step moves the weights"}
 
 
 def make_summary(cfg: TrainConfig, info: dph.DistInfo, step: int, history: dict, comm: dict, seconds: float) -> dict:
@@ -321,7 +417,7 @@ def make_summary(cfg: TrainConfig, info: dph.DistInfo, step: int, history: dict,
             "restarts": len(resumes), "resumed": resumes,
             "allreduce_calls": comm["allreduces"], "allreduce_bytes": comm["bytes"],
             "padded_samples_per_epoch": plan.padded, "last_batch_size": plan.last_batch,
-            **equivalence(cfg, plan),
+            **equivalence(cfg, plan, history), "resumed_from": history.get("resumed_from", []),
             "train_seconds": round(seconds, 3), "torch": torch.__version__}
 
 
