@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--backend", choices=BACKENDS, default="auto", help="process-group backend")
     bench.add_argument("--out", default=None, help="folder for bench.json and the figures (default: new, under runs/)")
     bench.add_argument("--no-overhead", action="store_true", help="skip timing train against bare torchrun")
+    bench.add_argument("--no-comm", action="store_true",
+                       help="skip timing train's --comm methods (fp16, PowerSGD, local SGD, DiLoCo) against DDP")
     bench.add_argument("--batches", type=int, nargs="+", default=None,
                        help="per-process batch sizes to sweep; speed-up is reported at the largest (default: 64 256 1024)")
     bench.add_argument("--hidden", type=int, default=1024, help="width of the benchmark MLP's hidden layers")
@@ -89,7 +91,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .bench import BenchConfig, capacity, quick, run_bench
 
     cfg = BenchConfig(world_sizes=args.world_sizes or list(range(1, capacity(args.backend) + 1)),
-                      hidden=args.hidden, depth=args.depth, overhead_check=not args.no_overhead)
+                      hidden=args.hidden, depth=args.depth, overhead_check=not args.no_overhead,
+                      comm_check=not args.no_comm)
     cfg = quick(cfg) if args.quick else cfg
     if args.batches:  # after quick(), which would replace them
         cfg = replace(cfg, batches=sorted(set(args.batches)), default_batch=max(args.batches))
@@ -97,6 +100,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for w, s in result["speedup"].items():
         print(f"N={w}: speed-up {s:.2f} (ceiling {result['ceiling_speedup'][w]:.2f}), "
               f"{100 * result['efficiency_vs_ceiling'][w]:.0f}% of the ceiling")
+    for method, r in (result.get("communication") or {"methods": {}})["methods"].items():
+        print(f"--comm {method}: {r['bytes_vs_allreduce']:.1%} of allreduce's bytes per step, "
+              f"{r['time_vs_allreduce']:.2f} x its step time")
     print(f"results: {Path(result['out_dir']) / 'bench.json'}")
     return 0
 

@@ -41,6 +41,9 @@ class BenchConfig:
     precisions: list[str] = field(default_factory=lambda: ["fp32", "fp16", "bf16"])
     overhead_check: bool = True
     overhead_repeats: int = 5
+    comm_check: bool = True  # train's --comm methods against DDP's all-reduce, on the largest world size
+    powersgd_rank: int = 4
+    period: int = 4
 
 
 def quick(cfg: BenchConfig) -> BenchConfig:
@@ -56,7 +59,8 @@ def validate_bench(cfg: BenchConfig, capacity: int) -> None:
             raise UsageError(f"{name} must be a non-empty list, got {getattr(cfg, name)!r}.")
         for value in getattr(cfg, name):
             check_int(name, value, 1)
-    for name in ("default_batch", "steps", "rounds", "dim", "hidden", "depth", "repeats", "overhead_repeats"):
+    for name in ("default_batch", "steps", "rounds", "dim", "hidden", "depth", "repeats", "overhead_repeats",
+                 "powersgd_rank", "period"):
         check_int(name, getattr(cfg, name), 1)
     check_int("warmup", cfg.warmup, 0)
     if max(cfg.world_sizes) < 2:
@@ -164,6 +168,17 @@ def allreduce_rows(cfg: BenchConfig, tmp: Path, backend: str) -> list[dict]:
     return rows
 
 
+def comm_rows(cfg: BenchConfig, tmp: Path, backend: str) -> dict:
+    """Each --comm method's seconds and bytes per step on the largest world size, and both as ratios to allreduce's."""
+    w = max(cfg.world_sizes)
+    rows = launch_worker(w, *train_args(cfg, "comm", "--powersgd-rank", cfg.powersgd_rank, "--period", cfg.period,
+                                        batches=[cfg.default_batch]), out=tmp / "comm", backend=backend)[0]
+    base = rows["allreduce"]
+    return {"world_size": w, "batch": cfg.default_batch, "powersgd_rank": cfg.powersgd_rank, "period": cfg.period,
+            "methods": {m: {**r, "time_vs_allreduce": r["step_s"] / base["step_s"],
+                            "bytes_vs_allreduce": r["bytes_per_step"] / base["bytes_per_step"]} for m, r in rows.items()}}
+
+
 def wall(cmd: list[str]) -> float:
     """Seconds a command takes, failing loudly if it fails."""
     start = time.perf_counter()
@@ -218,20 +233,22 @@ def run_bench(cfg: BenchConfig, out_dir=None, backend: str = "auto") -> dict:
         raise UsageError(f"output folder {out_dir} already holds a benchmark; choose a new folder or delete it.")
     out_dir = prepare_run_dir(out_dir, "bench")  # only now, so a refused benchmark leaves no folder behind
     gpus = env.gpu_count() if env.nccl_available() else 0  # gpu_section skips without NCCL
-    runs = (1 + 2 * sum(w > 1 for w in cfg.world_sizes) + 1 + cfg.overhead_check
+    runs = (1 + 2 * sum(w > 1 for w in cfg.world_sizes) + 1 + cfg.overhead_check + cfg.comm_check
             + len(cfg.precisions) * ((gpus > 0) + (gpus > 1)))
     bar = tqdm(total=runs, desc="bench", unit="run")
     with tempfile.TemporaryDirectory() as tmp:
         tp = throughputs(cfg, Path(tmp), backend, lambda: bar.update(1))
         ar = allreduce_rows(cfg, Path(tmp), backend)
         bar.update(1)
+        comm = comm_rows(cfg, Path(tmp), backend) if cfg.comm_check else None
+        bar.update(1 if cfg.comm_check else 0)
         gpu = gpu_section(cfg, Path(tmp), bar.update)
         over = overhead(Path(tmp), cfg.overhead_repeats) if cfg.overhead_check else None
         bar.update(1 if cfg.overhead_check else 0)
     bar.close()
     result = {"config": asdict(cfg), "machine": machine(), "backend": backend, "throughput": tp,
               "dataparallel_kind": dataparallel_kind(backend), **derived(tp, cfg.default_batch),
-              "allreduce": ar, "gpu": gpu, "train_overhead": over}
+              "allreduce": ar, "communication": comm, "gpu": gpu, "train_overhead": over}
     text = json.dumps(result, indent=2)
     write_text_atomic(out_dir / "bench.json", text)
     result = json.loads(text)  # the same object as the file: integer keys become strings in both

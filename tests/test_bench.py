@@ -55,6 +55,12 @@ def test_bench_quick_writes_the_documented_fields(tmp_path, monkeypatch, pools, 
     row = result["allreduce"][0]
     assert set(row) >= {"bytes", "all_reduce_s", "ring_s", "busbw_all_reduce_GBps", "busbw_ring_GBps", "ring_over_all_reduce"}
     assert [row["bytes"] for row in result["allreduce"]] == [65536, 1048576, 16777216]
+    comm = result["communication"]  # train's --comm methods side by side, on the largest world size
+    assert comm["world_size"] == 2 and set(comm["methods"]) == {"allreduce", "fp16", "powersgd", "local-sgd", "diloco"}
+    ratios = {m: r["bytes_vs_allreduce"] for m, r in comm["methods"].items()}
+    assert ratios["allreduce"] == 1 and ratios["fp16"] == 0.5 and 0 < ratios["powersgd"] < 0.5
+    assert all(r["step_s"] > 0 and r["time_vs_allreduce"] > 0 for r in comm["methods"].values())
+    assert "--comm fp16: 50.0% of allreduce's bytes per step" in proc.stdout
     for name in ("speedup", "bandwidth", "efficiency_batch"):
         assert (tmp_path / "b" / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
     assert "N=2: speed-up" in proc.stdout
@@ -96,9 +102,10 @@ def test_cli_flags_reach_the_config(monkeypatch, tmp_path):
     monkeypatch.setattr(dp_helpers.bench, "run_bench", lambda cfg, out, backend: seen.update(cfg=cfg) or
                         {"speedup": {}, "out_dir": str(tmp_path)})
     assert main(["bench", "--quick", "--world-sizes", "1", "2", "--batches", "128", "32", "--hidden", "256",
-                 "--depth", "2"]) == 0
+                 "--depth", "2", "--no-comm"]) == 0
     cfg = seen["cfg"]
     assert (cfg.batches, cfg.default_batch, cfg.hidden, cfg.depth, cfg.steps) == ([32, 128], 128, 256, 2, 4)
+    assert not cfg.comm_check and cfg.overhead_check
 
 
 def test_cli_refuses_before_anything_runs(tmp_path, capsys):

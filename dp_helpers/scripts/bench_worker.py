@@ -12,9 +12,20 @@ import torch.distributed as dist
 
 from dp_helpers import dist as dph
 from dp_helpers.collectives import ring_all_reduce
+from dp_helpers.compression import PowerSGD
 from dp_helpers.dataparallel import DataParallelModule, cpu_devices, gpu_devices
+from dp_helpers.local_sgd import DiLoCo, LocalSGD
 from dp_helpers.models import MLP
-from dp_helpers.training import PRECISIONS, grad_scaler, mixed_precision_step, precision_problem
+from dp_helpers.scripts.train import StepThenAverage, counting_fp16_hook, counting_hook
+from dp_helpers.training import (
+    PRECISIONS,
+    grad_scaler,
+    mixed_precision_step,
+    precision_problem,
+    train_step,
+)
+
+COMMS = ("allreduce", "fp16", "powersgd", "local-sgd", "diloco")  # train's --comm choices, timed side by side
 
 
 def sync(devices) -> None:
@@ -123,10 +134,45 @@ def allreduce_mode(args, info: dph.DistInfo) -> list[dict]:
     return rows
 
 
+def comm_step(method: str, args, info: dph.DistInfo):
+    """One SGD step of the benchmark MLP under a --comm method, and a function giving the bytes it has sent so far."""
+    model, comm = bench_model(args, info), {"allreduces": 0, "bytes": 0}
+    if method in ("local-sgd", "diloco"):  # no DDP: the ranks step alone and average every --period steps
+        inner = torch.optim.SGD(model.parameters(), lr=1e-3)
+        counter = DiLoCo(model, inner, args.period) if method == "diloco" else LocalSGD(model, args.period)
+        opt = counter if method == "diloco" else StepThenAverage(inner, counter)
+        sent = lambda: 4 * counter.sent  # noqa: E731 - fp32 values
+    else:
+        model = dph.wrap_ddp(model, info)
+        if method == "powersgd":  # start_iter 2: every timed step after the warm-up is compressed
+            counter = PowerSGD(rank=args.powersgd_rank, start_iter=2)
+            model.register_comm_hook(counter, PowerSGD.hook)
+            sent = lambda: 4 * counter.sent  # noqa: E731
+        else:
+            model.register_comm_hook(comm, counting_fp16_hook if method == "fp16" else counting_hook)
+            sent = lambda: comm["bytes"]  # noqa: E731
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x, y = torch.randn(args.batches[0], args.dim, device=info.device), torch.rand(args.batches[0], device=info.device)
+    return partial(train_step, model, x, y, opt), sent
+
+
+def comm_mode(args, info: dph.DistInfo) -> dict:
+    """Seconds per step and bytes sent per step of each --comm method, the methods' timed windows alternating."""
+    built = {m: comm_step(m, args, info) for m in COMMS}
+    for step, _ in built.values():
+        repeat(step, max(args.warmup, 2))  # PowerSGD's first 2 steps are uncompressed
+    before = {m: sent() for m, (_, sent) in built.items()}
+    timed_args = argparse.Namespace(**{**vars(args), "warmup": 0})
+    seconds = timed_rounds({m: step for m, (step, _) in built.items()}, timed_args, [info.device])
+    steps = args.rounds * args.steps
+    return {m: {"step_s": seconds[m] / args.steps, "bytes_per_step": (sent() - before[m]) / steps}
+            for m, (_, sent) in built.items()}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The worker's flags (bench.py builds them)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mode", choices=("train", "dataparallel", "allreduce"), required=True)
+    parser.add_argument("--mode", choices=("train", "dataparallel", "allreduce", "comm"), required=True)
     parser.add_argument("--ddp", action=argparse.BooleanOptionalAction, default=True,
                         help="train mode: also time a DDP model, alternating with the independent one")
     parser.add_argument("--devices", type=int, default=2, help="dataparallel mode: devices one process drives")
@@ -140,6 +186,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--depth", type=int, default=4)
     parser.add_argument("--sizes", type=float, nargs="+", default=[1.0])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--powersgd-rank", type=int, default=4, help="comm mode: PowerSGD's rank")
+    parser.add_argument("--period", type=int, default=4, help="comm mode: local SGD's and DiLoCo's H")
     return parser.parse_args(argv)
 
 
@@ -149,7 +197,7 @@ def measure(info: dph.DistInfo, argv: list[str] | None = None):
     problem = precision_problem(info.device, args.precision)
     if problem:
         raise ValueError(problem)
-    modes = {"train": train_mode, "dataparallel": dataparallel_mode, "allreduce": allreduce_mode}
+    modes = {"train": train_mode, "dataparallel": dataparallel_mode, "allreduce": allreduce_mode, "comm": comm_mode}
     return modes[args.mode](args, info)
 
 
