@@ -24,7 +24,7 @@ class DefaultsOnce(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The CLI's parser with its two commands."""
+    """The CLI's parser: train, doctor and bench."""
     parser = argparse.ArgumentParser(prog="python -m dp_helpers", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="train the source article's problem with DDP and write a run folder",
@@ -42,6 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--oversubscribe", action="store_true",
                        help="allow a world size far above the CPU cores (more than max(8, 4 x cores) processes)")
     sub.add_parser("doctor", help="what this machine can do and what train would pick")
+    add_bench_parser(sub)
+    return parser
+
+
+def add_bench_parser(sub) -> None:
+    """The bench command's flags."""
     bench = sub.add_parser("bench", help="throughput, speed-up and all-reduce bandwidth, measured side by side",
                            formatter_class=DefaultsOnce)
     bench.add_argument("--quick", action="store_true", help="fewer steps and sizes: about a minute on 2 CPU cores")
@@ -56,7 +62,6 @@ def build_parser() -> argparse.ArgumentParser:
                        help="per-process batch sizes to sweep; speed-up is reported at the largest (default: 64 256 1024)")
     bench.add_argument("--hidden", type=int, default=1024, help="width of the benchmark MLP's hidden layers")
     bench.add_argument("--depth", type=int, default=4, help="hidden layers of the benchmark MLP")
-    return parser
 
 
 def flag_rows(command: str = "train") -> list[tuple[str, str, str]]:
