@@ -12,11 +12,10 @@ import torch.distributed as dist
 
 from dp_helpers import dist as dph
 from dp_helpers.collectives import ring_all_reduce
-from dp_helpers.compression import PowerSGD
+from dp_helpers.config import TrainConfig
 from dp_helpers.dataparallel import DataParallelModule, cpu_devices, gpu_devices
-from dp_helpers.local_sgd import DiLoCo, LocalSGD
 from dp_helpers.models import MLP
-from dp_helpers.scripts.train import StepThenAverage, counting_fp16_hook, counting_hook
+from dp_helpers.scripts.train import LOCAL, comm_totals, local_optimizer, register_comm
 from dp_helpers.training import (
     PRECISIONS,
     grad_scaler,
@@ -135,25 +134,15 @@ def allreduce_mode(args, info: dph.DistInfo) -> list[dict]:
 
 
 def comm_step(method: str, args, info: dph.DistInfo):
-    """One SGD step of the benchmark MLP under a --comm method, and a function giving the bytes it has sent so far."""
-    model, comm = bench_model(args, info), {"allreduces": 0, "bytes": 0}
-    if method in ("local-sgd", "diloco"):  # no DDP: the ranks step alone and average every --period steps
-        inner = torch.optim.SGD(model.parameters(), lr=1e-3)
-        counter = DiLoCo(model, inner, args.period) if method == "diloco" else LocalSGD(model, args.period)
-        opt = counter if method == "diloco" else StepThenAverage(inner, counter)
-        sent = lambda: 4 * counter.sent  # noqa: E731 - fp32 values
-    else:
+    """One SGD step of the benchmark MLP under a --comm method, set up as train sets it up, and its bytes sent so far."""
+    cfg, comm = TrainConfig(comm=method, powersgd_rank=args.powersgd_rank, period=args.period), {"allreduces": 0, "bytes": 0}
+    model = bench_model(args, info)
+    if method not in LOCAL:  # local SGD and DiLoCo: no DDP, the ranks step alone and average every --period steps
         model = dph.wrap_ddp(model, info)
-        if method == "powersgd":  # start_iter 2: every timed step after the warm-up is compressed
-            counter = PowerSGD(rank=args.powersgd_rank, start_iter=2)
-            model.register_comm_hook(counter, PowerSGD.hook)
-            sent = lambda: 4 * counter.sent  # noqa: E731
-        else:
-            model.register_comm_hook(comm, counting_fp16_hook if method == "fp16" else counting_hook)
-            sent = lambda: comm["bytes"]  # noqa: E731
-        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        register_comm(model, cfg, comm, start_iter=2)  # PowerSGD: every timed step after the warm-up is compressed
+    opt = local_optimizer(cfg, model, torch.optim.SGD(model.parameters(), lr=1e-3), comm)
     x, y = torch.randn(args.batches[0], args.dim, device=info.device), torch.rand(args.batches[0], device=info.device)
-    return partial(train_step, model, x, y, opt), sent
+    return partial(train_step, model, x, y, opt), lambda: comm_totals(comm, model)[1]
 
 
 def comm_mode(args, info: dph.DistInfo) -> dict:

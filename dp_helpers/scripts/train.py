@@ -77,10 +77,10 @@ def counting_fp16_hook(state: dict, bucket):
     return fp16_compress_hook(None, bucket)
 
 
-def register_comm(model: DDP, cfg: TrainConfig, comm: dict) -> None:
+def register_comm(model: DDP, cfg: TrainConfig, comm: dict, start_iter: int = POWERSGD_START) -> None:
     """DDP's gradients as --comm says: its all-reduce, fp16, or PowerSGD (each counting what it sends)."""
     if cfg.comm == "powersgd":
-        comm["counter"] = PowerSGD(rank=cfg.powersgd_rank, start_iter=POWERSGD_START, seed=cfg.seed)
+        comm["counter"] = PowerSGD(rank=cfg.powersgd_rank, start_iter=start_iter, seed=cfg.seed)
         model.register_comm_hook(comm["counter"], PowerSGD.hook)
     else:
         model.register_comm_hook(comm, counting_fp16_hook if cfg.comm == "fp16" else counting_hook)
