@@ -106,13 +106,7 @@ class PowerSGD:
         """Sum a list of factors over ranks with one all-reduce of their concatenation."""
         if not factors:
             return
-        flat = torch.cat([f.reshape(-1) for f in factors])
-        self.sent, self.calls = self.sent + flat.numel(), self.calls + 1
-        dist.all_reduce(flat)
-        offset = 0
-        for f in factors:
-            f.copy_(flat[offset:offset + f.numel()].view_as(f))
-            offset += f.numel()
+        self.sent, self.calls = self.sent + average_(factors, mean=False), self.calls + 1
 
 
 def powersgd_values(shapes: list[torch.Size], rank: int, min_compression_rate: float = 2) -> int:

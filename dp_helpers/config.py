@@ -241,13 +241,13 @@ def check_hybrid(shard_size: int, world_size: int) -> None:
 
 def check_comm(cfg: TrainConfig) -> None:
     """Refuse a --comm that cannot apply, and its settings without it."""
-    unused = [f"--{name.replace('_', '-')} {getattr(cfg, name)}" for name, comms in
+    unused = [(f"--{name.replace('_', '-')} {getattr(cfg, name)}", comms) for name, comms in
               (("powersgd_rank", ("powersgd",)), ("period", ("local-sgd", "diloco")), ("outer_lr", ("diloco",)),
                ("outer_momentum", ("diloco",)))
               if getattr(cfg, name) != getattr(TrainConfig, name) and cfg.comm not in comms]
     if unused:
-        needs = "powersgd" if "rank" in unused[0] else "diloco" if "outer" in unused[0] else "local-sgd or diloco"
-        raise UsageError(f"{unused[0]} only means something with --comm {needs}; drop it or add that --comm.")
+        flag, comms = unused[0]
+        raise UsageError(f"{flag} only means something with --comm {' or '.join(comms)}; drop it or add that --comm.")
     check_positive_number("outer_lr", cfg.outer_lr)
     check_momentum("outer_momentum", cfg.outer_momentum)
     if cfg.comm == "allreduce":

@@ -22,10 +22,11 @@ from .mini_ddp import broadcast_state
 
 
 @torch.no_grad()
-def average_(tensors: list[torch.Tensor]) -> int:
-    """Replace each tensor by its mean over ranks (one all-reduce of them all, flattened); return the values sent."""
+def average_(tensors: list[torch.Tensor], mean: bool = True) -> int:
+    """Replace each tensor by its mean (or sum) over ranks, one all-reduce of them all flattened; return the values sent."""
     flat = torch.cat([t.reshape(-1) for t in tensors])
-    flat /= dist.get_world_size()  # divided first, then summed: torch's average_parameters does the same
+    if mean:
+        flat /= dist.get_world_size()  # divided first, then summed: torch's average_parameters does the same
     dist.all_reduce(flat)
     offset = 0
     for t in tensors:
@@ -46,9 +47,13 @@ class LocalSGD:
 
     def after_step(self) -> None:
         """Average the parameters if this step's turn has come (before warmup_steps: every step, as DDP would)."""
-        if self.step < self.warmup or (self.step - self.warmup) % self.period == 0:
+        if self.due(self.step):
             self.average()
         self.step += 1
+
+    def due(self, step: int) -> bool:
+        """Whether the parameters are averaged after this step (counted from 0)."""
+        return step < self.warmup or (step - self.warmup) % self.period == 0
 
     def average(self) -> None:
         """Replace the parameters by their mean over ranks (as torch's averager: only those with a gradient)."""
@@ -57,8 +62,7 @@ class LocalSGD:
 
     def finish(self) -> None:
         """After the last step: average once more if the ranks have stepped alone since the last average."""
-        last = self.step - 1
-        if last >= 0 and not (last < self.warmup or (last - self.warmup) % self.period == 0):
+        if self.step and not self.due(self.step - 1):
             self.average()
 
 

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from dp_helpers import dist as dph
+from dp_helpers import zero
 
 GLOBAL_BATCH, STEPS, SHARD = 12, 4, 2  # 12 rows split evenly over 1, 2, 3 and 4 ranks
 KINDS = ("DDP", "fully_shard")
@@ -49,16 +50,6 @@ def uninterrupted() -> dict:
     return m.state_dict()
 
 
-def sharded(m: nn.Module, mesh=None) -> nn.Module:
-    """torch's fully_shard on each Linear, then the root; on a 2-D mesh that is HSDP."""
-    from torch.distributed.fsdp import fully_shard
-
-    for layer in m:
-        if isinstance(layer, nn.Linear):
-            fully_shard(layer, mesh=mesh)
-    return fully_shard(m, mesh=mesh)
-
-
 def full(state: dict) -> dict:
     """A state_dict's tensors whole (DTensors gathered: a collective), detached copies."""
     return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone() for k, v in state.items()}
@@ -67,15 +58,14 @@ def full(state: dict) -> dict:
 def hsdp(info, _args=None) -> dict:
     """Ours (dp_helpers.hybrid) and torch's HSDP on a (replicate W/2, shard 2) layout: weights, groups, bytes sent."""
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
 
     from dp_helpers.hybrid import HybridZeroAdam
 
     m = model()
     ours = HybridZeroAdam(m, shard_size=SHARD, lr=0.05)
     train(m, ours, info.rank, info.world_size)
-    mesh = init_device_mesh(info.device.type, (info.world_size // SHARD, SHARD), mesh_dim_names=("replicate", "shard"))
-    t = sharded(model(), mesh)
+    t = zero.fully_sharded(model(), SHARD)  # fully_shard on a (replicate W/2, shard 2) mesh: torch's HSDP
+    mesh = t[0].weight.device_mesh
     train(t, torch.optim.Adam(t.parameters(), lr=0.05), info.rank, info.world_size)
     return {"ours": full(m.state_dict()), "torch": full(t.state_dict()), "sent": ours.sent, "chunk": ours.shard.numel(),
             "groups": [dist.get_process_group_ranks(g) for g in (ours.shard_group, ours.replicate_group)],
@@ -91,7 +81,7 @@ def wrapped(kind: str, world: int) -> nn.Module:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         return DDP(model())
-    return sharded(model())
+    return zero.fully_sharded(model())
 
 
 def first_half(info, kind: str, folder: str) -> None:
