@@ -1,0 +1,46 @@
+"""Sphinx configuration of the course website, one build per language (tools/site.py stages the sources and runs it)."""
+
+import json
+import os
+from pathlib import Path
+
+here = Path(__file__).resolve().parent
+stage = json.loads(os.environ["DP_SITE_STAGE"])  # what tools/site.py staged: language, route, repository URL
+
+project = "Data parallelism in PyTorch" if stage["lang"] == "en" else "PyTorch 数据并行"
+language = "en" if stage["lang"] == "en" else "zh_CN"  # zh_CN: Sphinx's Chinese search, segmented by jieba
+extensions = ["myst_nb", "sphinx_copybutton", "sphinx_design"]
+templates_path = [str(here / "_templates")]
+html_static_path = [str(here / "_static"), stage["mathjax"]]
+html_extra_path = [stage["downloads"]]  # each notebook's .ipynb, for the download link
+html_css_files = ["course.css"]
+html_js_files = [("search-split.js", {"priority": 1})] if stage["lang"] != "en" else []  # before language_data.js
+html_search_options = {"dict": stage["jieba_dict"]} if stage["lang"] != "en" else {}
+exclude_patterns = ["_build", "_downloads_", "_mathjax_"]
+
+nb_execution_mode = "off"  # the committed notebooks are executed already: the site shows their outputs
+nb_merge_streams = True
+myst_enable_extensions = ["colon_fence", "dollarmath", "amsmath"]
+myst_heading_anchors = 3
+suppress_warnings = ["myst.header", "mystnb.unknown_mime_type"]
+
+# MathJax 3 from the site itself (a copy of a registry package's, tools/site.py), never a CDN: the site works offline
+mathjax_path = "mathjax/tex-chtml.js"
+
+html_theme = "sphinx_book_theme"
+html_title = project
+html_show_sourcelink = False
+html_copy_source = False
+html_last_updated_fmt = None
+html_context = {"default_mode": "auto", "course_lang": stage["lang"], "other_lang": stage["other"], "repository": stage["repository"],
+                "labels": stage["labels"]}
+html_theme_options = {
+    "show_toc_level": 2,
+    "use_download_button": False,
+    "use_fullscreen_button": False,
+    "article_header_end": ["course-links.html", "toggle-secondary-sidebar.html"],
+    "home_page_in_toc": True,
+    "navigation_with_keys": False,
+    "footer_content_items": [],
+}
+html_favicon = str(here / "_static" / "favicon.svg")

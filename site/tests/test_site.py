@@ -1,0 +1,182 @@
+"""The built website in headless Chromium: every page loads cleanly and offline, links resolve, search finds both languages.
+
+Run by .ci/run after `python tools/site.py` (DP_SITE_DIR: the built site; default build/site). Skips, saying why,
+where Playwright or a Chromium is missing.
+"""
+
+from __future__ import annotations
+
+import functools
+import html.parser
+import os
+import re
+import shutil
+import threading
+import urllib.parse
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SITE = Path(os.environ.get("DP_SITE_DIR", ROOT / "build" / "site")).resolve()
+CHROMIUM = os.environ.get("DP_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+# flags for a closed network: without the background ones Chromium keeps calling Google's hosts
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync"]
+
+
+class Quiet(SimpleHTTPRequestHandler):
+    def log_message(self, *args):  # the test reports what matters; a line per request would drown it
+        pass
+
+
+@pytest.fixture(scope="module")
+def server():
+    if not (SITE / "index.html").exists():
+        pytest.skip(f"no site at {SITE}: build it with `python tools/site.py`")
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(SITE)))
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (requirements-site.txt)")
+    with sync_api.sync_playwright() as p:
+        try:  # a Chromium on PATH (Debian's), else Playwright's own if `playwright install chromium` fetched one
+            chromium = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        except sync_api.Error as exc:
+            pytest.skip(f"no Chromium to run (apt install chromium, or set DP_CHROMIUM to its path): {exc}"[:300])
+        yield chromium
+        chromium.close()
+
+
+class Anchors(html.parser.HTMLParser):
+    """The ids of one HTML file, and the hrefs of its links."""
+
+    def __init__(self):
+        super().__init__()
+        self.ids, self.hrefs = set(), []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if attrs.get("id"):
+            self.ids.add(attrs["id"])
+        if tag == "a" and attrs.get("href"):
+            self.hrefs.append(attrs["href"])
+
+
+@functools.cache
+def parsed(path: Path) -> Anchors:
+    found = Anchors()
+    found.feed(path.read_text(encoding="utf-8"))
+    return found
+
+
+def html_pages() -> list[Path]:
+    return sorted(p.relative_to(SITE) for p in SITE.rglob("*.html") if "_static" not in p.parts)
+
+
+def broken_links(page: Path) -> list[str]:
+    """The page's internal links whose file or anchor does not exist."""
+    broken = []
+    for href in parsed(SITE / page).hrefs:
+        url = urllib.parse.urlsplit(href)
+        if url.scheme or url.netloc or href.startswith(("mailto:", "javascript:")):
+            continue
+        target = (SITE / page).parent / urllib.parse.unquote(url.path) if url.path else SITE / page
+        target = target.resolve()
+        if target.is_dir():
+            target = target / "index.html"
+        if not target.exists() or SITE not in target.parents and target != SITE:
+            broken.append(href)
+        elif url.fragment and target.suffix == ".html" and url.fragment not in parsed(target).ids:
+            broken.append(href)
+    return broken
+
+
+def visit(browser, url: str, act=None) -> dict:
+    """Open url: console errors, requests that left the local server, images that did not load."""
+    page = browser.new_page()
+    errors, outside, missing = [], [], []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    origin = urllib.parse.urlsplit(url).netloc
+    page.on("request", lambda r: outside.append(r.url) if urllib.parse.urlsplit(r.url).netloc not in (origin, "")
+            and not r.url.startswith("data:") else None)
+    page.on("response", lambda r: missing.append(f"{r.status} {r.url}") if r.status >= 400 else None)
+    page.goto(url, wait_until="networkidle")
+    broken_images = page.evaluate(
+        "() => [...document.images].filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src)")
+    result = {"errors": errors, "outside": outside, "missing": missing, "images": broken_images}
+    if act:
+        result["acted"] = act(page)
+    page.close()
+    return result
+
+
+@pytest.mark.parametrize("page", html_pages() if (SITE / "index.html").exists() else [], ids=str)
+def test_every_page_loads_offline_without_errors(page, server, browser):
+    seen = visit(browser, f"{server}/{page.as_posix()}")
+    assert seen == {"errors": [], "outside": [], "missing": [], "images": []}
+    assert broken_links(page) == []
+
+
+def search_results(browser, server, root: str, query: str) -> list[str]:
+    """The pages the site's own search lists for a query."""
+    def results(page):
+        page.wait_for_selector("#search-results .search-summary", timeout=20_000)
+        return page.eval_on_selector_all("#search-results ul.search li a", "as => as.map(a => a.pathname)")
+
+    url = f"{server}/{root}search.html?q={urllib.parse.quote(query)}"
+    return visit(browser, url, results)["acted"]
+
+
+@pytest.mark.parametrize("root, query, first", [
+    ("", "no_sync", "05_ddp_communication"), ("zh-CN/", "梯度累积", "05_ddp_communication"),
+    ("zh-CN/", "no_sync", "05_ddp_communication"), ("zh-CN/", "梯度累积 no_sync", "05_ddp_communication"),
+    ("", "gradient accumulation", "05_ddp_communication"), ("zh-CN/", "环形全归约", "03_ddp_sampler_allreduce"),
+    ("zh-CN/", "检查点", "07_real_jobs"), ("", "ZeRO", "08_sharded_data_parallel"),
+])
+def test_search_lists_the_notebook_that_teaches_it_first(root, query, first, server, browser):
+    found = search_results(browser, server, root, query)
+    assert found and found[0] == f"/{root}notebooks/{first}.html", found
+
+
+def test_the_chinese_term_is_found_only_because_the_index_is_segmented():
+    """In notebook 05's Chinese text 梯度累积 sits inside longer runs of characters: a plain index of words between
+    spaces and punctuation holds no such word; the site's index, segmented by jieba, does."""
+    import nbformat
+
+    zh = nbformat.read(ROOT / "notebooks" / "05_ddp_communication.zh-CN.ipynb", as_version=4)
+    text = "\n".join(c.source for c in zh.cells if c.cell_type == "markdown")
+    assert "梯度累积" in text and "梯度累积" not in re.findall(r"\w+", text)
+    index = (SITE / "zh-CN" / "searchindex.js").read_text(encoding="utf-8")
+    assert '"梯度累积"' in index or '"\\u68af\\u5ea6\\u7d2f\\u79ef"' in index
+
+
+def test_a_solution_stays_hidden_until_its_toggle_is_clicked(server, browser):
+    def toggle(page):
+        solution = page.locator("details.solution").first
+        code = solution.locator("pre").first
+        before = code.is_visible()
+        solution.locator("summary").click()
+        return before, code.is_visible()
+
+    for root in ("", "zh-CN/"):
+        assert visit(browser, f"{server}/{root}notebooks/03_ddp_sampler_allreduce.html", toggle)["acted"] == (False, True)
+
+
+def test_every_notebook_page_links_colab_kaggle_the_ipynb_and_the_other_language():
+    for page in html_pages():
+        if len(page.parts) < 2 or page.parts[-2] != "notebooks":
+            continue
+        hrefs = parsed(SITE / page).hrefs
+        name = page.stem + (".zh-CN" if page.parts[0] == "zh-CN" else "") + ".ipynb"
+        assert any(h.startswith("https://colab.research.google.com/github/") and h.endswith(name) for h in hrefs)
+        assert any(h.startswith("https://kaggle.com/kernels/welcome?src=") and h.endswith(name) for h in hrefs)
+        assert any(h.endswith(f"ipynb/{name}") for h in hrefs)
+        other = "zh-CN/" if page.parts[0] != "zh-CN" else "../"
+        assert any(h.endswith(f"{other}notebooks/{page.stem}.html") for h in hrefs), page

@@ -1,0 +1,230 @@
+"""Build the course website from the committed notebooks: `python tools/site.py [--out build/site]`.
+
+Nothing is executed: the pages show the outputs the notebooks were committed with. Each language is one Sphinx
+build (myst-nb, the book theme) of a staged copy of its sources: the README as the landing page, the notebooks in
+the route's order (notebook 00's route table gives the sidebar's titles and times), the glossary and the source
+article; each notebook page ends with its exercises' solutions, collapsed. English lands in OUT/, Chinese in
+OUT/zh-CN/. Everything a page loads is in OUT (MathJax is copied from the sphinx-mathjax-offline package), so the
+site works offline. Needs requirements-site.txt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parent.parent
+SITE = ROOT / "site"
+REPOSITORY = "dp-course/data-parallelism"  # pyproject.toml's Repository URL: the Colab and Kaggle links open it
+LANGS = {
+    "en": {"suffix": "", "root": "", "readme": "README.md", "name": "English", "code": "en",
+           "solutions": "Solutions", "solution": "Solution to exercise {n}", "colab": "Open in Colab",
+           "kaggle": "Open in Kaggle", "download": "Download .ipynb", "route": "The route"},
+    "zh-CN": {"suffix": ".zh-CN", "root": "zh-CN/", "readme": "README.zh-CN.md", "name": "简体中文", "code": "zh-CN",
+              "solutions": "参考答案", "solution": "练习 {n} 的参考答案", "colab": "在 Colab 中打开",
+              "kaggle": "在 Kaggle 中打开", "download": "下载 .ipynb", "route": "学习路线"},
+}
+DOCS = ("glossary", "source-article")
+LINK = re.compile(r"(!?)\[([^\]]*)\]\(([^)\s]+)\)")
+BADGE = re.compile(r"\[!\[([^\]]*)\]\([^)]*\)\]\(([^)]*)\)")
+HAN = re.compile(r"[\u4e00-\u9fff]{2,}")
+
+
+def english_notebooks() -> list[Path]:
+    """The lessons, in the route's order."""
+    return sorted(p for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb") if not p.name.endswith(".zh-CN.ipynb"))
+
+
+def source_of(lang: str, english: Path) -> Path:
+    """The file a language's page is built from: the English file or its .zh-CN edition."""
+    suffix = LANGS[lang]["suffix"]
+    candidate = english.with_name(english.stem + suffix + english.suffix)
+    return candidate if candidate.exists() else english
+
+
+def pages(lang: str) -> dict[Path, tuple[str, str]]:
+    """Repository file -> (the language whose site has its page, that page); a file both editions share is this
+    language's."""
+    mapping = {}
+    for lang_ in sorted(LANGS, key=lambda k: k == lang):  # this language last: it keeps the files both share
+        mapping[ROOT / LANGS[lang_]["readme"]] = (lang_, "index.md")
+        for nb in english_notebooks():
+            mapping[source_of(lang_, nb)] = (lang_, f"notebooks/{nb.name}")
+        for doc in DOCS:
+            mapping[source_of(lang_, ROOT / "docs" / f"{doc}.md")] = (lang_, f"docs/{doc}.md")
+    return mapping
+
+
+def html_of(lang: str, page: str) -> str:
+    """Where a staged page lands in the built site, from the site's root."""
+    return LANGS[lang]["root"] + str(Path(page).with_suffix(".html"))
+
+
+def route(lang: str) -> list[tuple[str, str]]:
+    """(page, sidebar title) per notebook, from notebook 00's route table: number, title, time (and 'optional')."""
+    nb0 = nbformat.read(source_of(lang, english_notebooks()[0]), as_version=4)
+    table = next(c.source for c in nb0.cells if c.cell_type == "markdown" and "| 00 |" in c.source)
+    rows = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 4 and re.fullmatch(r"\d\d", cells[0]):
+            title = LINK.sub(r"\2", cells[1])
+            rows[cells[0]] = f"{cells[0]} · {title} · {cells[3]}"
+    return [(f"notebooks/{nb.stem}", rows.get(nb.name[:2], nb.stem)) for nb in english_notebooks()]
+
+
+def relative(target: str, page: str) -> str:
+    """The path from staged page `page` to staged file `target`."""
+    return os.path.relpath(target, os.path.dirname(page) or ".")
+
+
+def rewrite_links(text: str, source: Path, page: str, lang: str) -> str:
+    """Links between the course's files made into links between its pages; other repository files go to GitHub."""
+    mapping = pages(lang)
+
+    def one(m: re.Match) -> str:
+        bang, label, target = m.groups()
+        if re.match(r"[a-z]+:|#", target):
+            return m.group(0)
+        path, _, anchor = target.partition("#")
+        file = (source.parent / path).resolve()
+        if bang:  # an image of the repository's: copied beside the page by stage()
+            return m.group(0)
+        if file in mapping and mapping[file][0] == lang:
+            return f"[{label}]({relative(mapping[file][1], page)}{'#' + anchor if anchor else ''})"
+        if file in mapping:  # the other language's page: a plain link into the other site, which Sphinx leaves be
+            href = os.path.relpath(html_of(*mapping[file]), os.path.dirname(html_of(lang, page)) or ".")
+            text = re.sub(r"`([^`]*)`", r"<code>\1</code>", label)
+            return f'<a href="{href}{"#" + anchor if anchor else ""}">{text}</a>'
+        try:
+            repo_path = file.relative_to(ROOT).as_posix()
+        except ValueError:
+            return m.group(0)
+        kind = "tree" if file.is_dir() else "blob"
+        return f"[{label}](https://github.com/{REPOSITORY}/{kind}/main/{repo_path}{'#' + anchor if anchor else ''})"
+
+    return LINK.sub(one, BADGE.sub("", text)).replace("\n\n \n", "\n\n")  # the badges: each page's header has them
+
+
+def solutions_cell(nb: Path, lang: str) -> nbformat.NotebookNode | None:
+    """A last markdown cell with the notebook's solutions, each in a dropdown that stays closed until clicked."""
+    files = sorted((ROOT / "solutions").glob(f"{nb.name[:2]}_*.py"))
+    if not files:
+        return None
+    words = LANGS[lang]
+    parts = [f"## {words['solutions']}\n"]
+    for f in files:
+        n = f.stem.split("_")[1]
+        parts.append(f":::{{dropdown}} {words['solution'].format(n=n)}\n:class-container: solution\n\n"
+                     f"```python\n{f.read_text(encoding='utf-8').rstrip()}\n```\n:::\n")
+    return nbformat.v4.new_markdown_cell("\n".join(parts))
+
+
+def stage_notebook(english: Path, lang: str, out: Path) -> None:
+    """One notebook page: its links rewritten, its solutions appended; the .ipynb itself kept for download."""
+    source, page = source_of(lang, english), f"notebooks/{english.name}"
+    nb = nbformat.read(source, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            cell.source = rewrite_links(cell.source, source, page, lang)
+    extra = solutions_cell(english, lang)
+    if extra is not None:
+        nb.cells.append(extra)
+    (out / "notebooks").mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, out / page)
+    (out / "_downloads_" / "ipynb").mkdir(parents=True, exist_ok=True)
+    shutil.copy2(source, out / "_downloads_" / "ipynb" / source.name)
+
+
+def stage_markdown(source: Path, page: str, lang: str, out: Path, toctree: str = "") -> None:
+    """A markdown page (README, glossary, source article) with its links rewritten, and the route after the README."""
+    text = rewrite_links(source.read_text(encoding="utf-8"), source, page, lang)
+    (out / page).parent.mkdir(parents=True, exist_ok=True)
+    (out / page).write_text(text + toctree, encoding="utf-8")
+
+
+def toctree(lang: str) -> str:
+    """The sidebar: the route's notebooks with their times, then the glossary and the source article."""
+    entries = "\n".join(f"{title} <{page}>" for page, title in route(lang))
+    return (f"\n\n```{{toctree}}\n:hidden:\n:caption: {LANGS[lang]['route']}\n\n{entries}\n```\n\n"
+            "```{toctree}\n:hidden:\n\ndocs/glossary\ndocs/source-article\n```\n")
+
+
+def jieba_dict(out: Path) -> Path:
+    """The glossary's Chinese terms as a jieba dictionary, so that the search index keeps each term whole."""
+    terms = set()
+    for line in (ROOT / "docs" / "glossary.md").read_text(encoding="utf-8").splitlines():
+        cells = line.split("|")
+        if len(cells) > 3:
+            terms.update(HAN.findall(cells[2]))
+    path = out / "jieba_dict.txt"
+    path.write_text("".join(f"{t} 100000\n" for t in sorted(terms)), encoding="utf-8")
+    return path
+
+
+def mathjax(out: Path) -> Path:
+    """MathJax 3 (TeX in, HTML out, its fonts, what it loads on demand) copied from the sphinx-mathjax-offline package."""
+    from importlib.metadata import distribution
+
+    static = Path(distribution("sphinx-mathjax-offline").locate_file("sphinx-mathjax-offline/static/mathjax"))
+    dest = out / "_mathjax_" / "mathjax"
+    for part in ("tex-chtml.js", "output/chtml", "input/tex/extensions", "ui", "a11y"):
+        if (static / part).is_dir():
+            shutil.copytree(static / part, dest / part, dirs_exist_ok=True)
+        else:
+            (dest / part).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(static / part, dest / part)
+    return dest.parent
+
+
+def stage(lang: str, out: Path) -> dict:
+    """Every source file of one language's site, in out/; returns what conf.py reads."""
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    stage_markdown(ROOT / LANGS[lang]["readme"], "index.md", lang, out, toctree(lang))
+    for doc in DOCS:
+        stage_markdown(source_of(lang, ROOT / "docs" / f"{doc}.md"), f"docs/{doc}.md", lang, out)
+    for nb in english_notebooks():
+        stage_notebook(nb, lang, out)
+    other = next(v for k, v in LANGS.items() if k != lang)
+    words = LANGS[lang]
+    return {"lang": lang, "repository": REPOSITORY, "mathjax": str(mathjax(out)),
+            "downloads": str(out / "_downloads_"), "jieba_dict": str(jieba_dict(out)),
+            "other": {"name": other["name"], "code": other["code"],
+                      "root": "zh-CN/" if lang == "en" else "../"},
+            "labels": {k: words[k] for k in ("suffix", "colab", "kaggle", "download")}}
+
+
+def build(out: Path, work: Path) -> None:
+    """Both languages: English in out/, Chinese in out/zh-CN/."""
+    shutil.rmtree(out, ignore_errors=True)
+    for lang, words in LANGS.items():
+        began = time.monotonic()
+        settings = stage(lang, work / lang)
+        dest = out / words["root"]
+        cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-q", "-c", str(SITE), str(work / lang), str(dest)]
+        subprocess.run(cmd, check=True, env={**os.environ, "DP_SITE_STAGE": json.dumps(settings)})
+        print(f"{lang}: {dest} ({time.monotonic() - began:.0f} s)")
+    (out / ".nojekyll").write_text("")  # GitHub Pages: serve _static/ as it is
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "build" / "site", help="where the site is written")
+    args = parser.parse_args(argv)
+    build(args.out.resolve(), ROOT / "build" / "site-src")
+    print(f"open {args.out / 'index.html'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
