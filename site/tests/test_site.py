@@ -180,3 +180,15 @@ def test_every_notebook_page_links_colab_kaggle_the_ipynb_and_the_other_language
         assert any(h.endswith(f"ipynb/{name}") for h in hrefs)
         other = "zh-CN/" if page.parts[0] != "zh-CN" else "../"
         assert any(h.endswith(f"{other}notebooks/{page.stem}.html") for h in hrefs), page
+
+
+def test_math_is_typeset_and_code_has_a_copy_button(server, browser):
+    def look(page):
+        page.wait_for_selector("mjx-container", timeout=20_000)
+        raw = page.eval_on_selector_all(".math", "ms => ms.filter(m => !m.querySelector('mjx-container')).length")
+        return page.eval_on_selector_all(".math", "ms => ms.length"), raw, page.eval_on_selector_all(
+            "button.copybtn", "b => b.length")
+
+    for root in ("", "zh-CN/"):
+        math, untypeset, buttons = visit(browser, f"{server}/{root}notebooks/01_data_splitting.html", look)["acted"]
+        assert math > 0 and untypeset == 0 and buttons > 0, (math, untypeset, buttons)
