@@ -14,7 +14,7 @@ templates_path = [str(here / "_templates")]
 html_static_path = [str(here / "_static"), stage["mathjax"]]
 html_extra_path = [stage["downloads"]]  # each notebook's .ipynb, for the download link
 html_css_files = ["course.css"]
-html_js_files = [("search-split.js", {"priority": 1})] if stage["lang"] != "en" else []  # before language_data.js
+html_js_files = ["course.js"] + ([("search-split.js", {"priority": 1})] if stage["lang"] != "en" else [])  # 1: first
 html_search_options = {"dict": stage["jieba_dict"]} if stage["lang"] != "en" else {}
 exclude_patterns = ["_build", "_downloads_", "_mathjax_"]
 

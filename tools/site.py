@@ -70,16 +70,22 @@ def html_of(lang: str, page: str) -> str:
 
 
 def route(lang: str) -> list[tuple[str, str]]:
-    """(page, sidebar title) per notebook, from notebook 00's route table: number, title, time (and 'optional')."""
+    """(page, sidebar title) per notebook: its own title, then its time (and 'optional') from notebook 00's route."""
     nb0 = nbformat.read(source_of(lang, english_notebooks()[0]), as_version=4)
     table = next(c.source for c in nb0.cells if c.cell_type == "markdown" and "| 00 |" in c.source)
-    rows = {}
+    times = {}
     for line in table.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) >= 4 and re.fullmatch(r"\d\d", cells[0]):
-            title = LINK.sub(r"\2", cells[1])
-            rows[cells[0]] = f"{cells[0]} · {title} · {cells[3]}"
-    return [(f"notebooks/{nb.stem}", rows.get(nb.name[:2], nb.stem)) for nb in english_notebooks()]
+            times[cells[0]] = cells[3]
+    return [(f"notebooks/{nb.stem}", f"{title(source_of(lang, nb))} · {times[nb.name[:2]]}")
+            for nb in english_notebooks()]
+
+
+def title(notebook: Path) -> str:
+    """A notebook's first heading, as its page shows it ('03 · DDP from the inside'), markdown code marks dropped."""
+    first = nbformat.read(notebook, as_version=4).cells[0].source.splitlines()[0]
+    return first.lstrip("# ").replace("`", "")
 
 
 def relative(target: str, page: str) -> str:

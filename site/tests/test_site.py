@@ -192,3 +192,25 @@ def test_math_is_typeset_and_code_has_a_copy_button(server, browser):
     for root in ("", "zh-CN/"):
         math, untypeset, buttons = visit(browser, f"{server}/{root}notebooks/01_data_splitting.html", look)["acted"]
         assert math > 0 and untypeset == 0 and buttons > 0, (math, untypeset, buttons)
+
+
+def test_on_a_phone_the_menu_opens_and_nothing_is_wider_than_the_screen(server, browser):
+    page = browser.new_page(viewport={"width": 400, "height": 800})
+    for root in ("", "zh-CN/"):
+        page.goto(f"{server}/{root}notebooks/05_ddp_communication.html", wait_until="networkidle")
+        sidebar = "() => document.querySelector('#pst-primary-sidebar').getBoundingClientRect().x"
+        assert page.evaluate(sidebar) < 0  # closed
+        page.locator(".bd-header-article .primary-toggle").click()
+        page.wait_for_timeout(400)
+        assert page.evaluate(sidebar) == 0  # slid in
+        assert page.evaluate("() => document.documentElement.scrollWidth") <= 400
+    page.close()
+
+
+def test_search_excerpts_hold_no_header_links_or_contents(server, browser):
+    def excerpts(page):
+        page.wait_for_selector("#search-results .search-summary", timeout=20_000)
+        return page.eval_on_selector_all("#search-results ul.search li p.context", "ps => ps.map(p => p.textContent)")
+
+    found = visit(browser, f"{server}/zh-CN/search.html?q={urllib.parse.quote('分片')}", excerpts)["acted"]
+    assert found and not any("Kaggle" in text or "目录" in text for text in found), found
