@@ -2,7 +2,11 @@
 
 import json
 import os
+import re
 from pathlib import Path
+
+from sphinx.search import languages
+from sphinx.search.zh import SearchChinese
 
 here = Path(__file__).resolve().parent
 stage = json.loads(os.environ["DP_SITE_STAGE"])  # what tools/site.py staged: language, route, repository URL
@@ -17,6 +21,16 @@ html_css_files = ["course.css"]
 html_js_files = ["course.js"] + ([("search-split.js", {"priority": 1})] if stage["lang"] != "en" else [])  # 1: first
 html_search_options = {"dict": stage["jieba_dict"]} if stage["lang"] != "en" else {}
 exclude_patterns = ["_build", "_downloads_", "_mathjax_"]
+
+
+class SearchChineseWords(SearchChinese):
+    """Sphinx's Chinese search keeping one-character words (桶, 步, 秩): Chinese has many; Latin ones stay dropped."""
+
+    def word_filter(self, stemmed_word: str) -> bool:
+        return super().word_filter(stemmed_word) or bool(re.fullmatch(r"[\u4e00-\u9fff]", stemmed_word))
+
+
+languages["zh"] = SearchChineseWords  # the class Sphinx builds the zh_CN index with
 
 nb_execution_mode = "off"  # the committed notebooks are executed already: the site shows their outputs
 nb_merge_streams = True

@@ -13,7 +13,7 @@ var splitQuery = (query) => {
     for (let i = 0; i < run.length; ) {
       let n = Math.min(8, run.length - i);
       while (n > 1 && !(run.slice(i, i + n) in terms)) n--;
-      if (n > 1) words.push(run.slice(i, i + n));
+      if (run.slice(i, i + n) in terms) words.push(run.slice(i, i + n));
       i += n;
     }
     return words.length ? words : [run];
