@@ -11,6 +11,7 @@ site works offline. Needs requirements-site.txt.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -36,6 +37,7 @@ LANGS = {
 DOCS = ("glossary", "source-article")
 LINK = re.compile(r"(!?)\[([^\]]*)\]\(([^)\s]+)\)")
 BADGE = re.compile(r"\[!\[([^\]]*)\]\([^)]*\)\]\(([^)]*)\)")
+CODE = re.compile(r"`([^`]*)`")
 HAN = re.compile(r"[\u4e00-\u9fff]{2,}")
 
 
@@ -51,6 +53,7 @@ def source_of(lang: str, english: Path) -> Path:
     return candidate if candidate.exists() else english
 
 
+@functools.cache  # asked once per markdown cell
 def pages(lang: str) -> dict[Path, tuple[str, str]]:
     """Repository file -> (the language whose site has its page, that page); a file both editions share is this
     language's."""
@@ -89,7 +92,7 @@ def title(notebook: Path) -> str:
 
 
 def relative(target: str, page: str) -> str:
-    """The path from staged page `page` to staged file `target`."""
+    """The relative link from page `page` to file `target`, both given from the same root."""
     return os.path.relpath(target, os.path.dirname(page) or ".")
 
 
@@ -99,24 +102,21 @@ def rewrite_links(text: str, source: Path, page: str, lang: str) -> str:
 
     def one(m: re.Match) -> str:
         bang, label, target = m.groups()
-        if re.match(r"[a-z]+:|#", target):
+        if bang or re.match(r"[a-z]+:|#", target):  # images (the lessons' figures are outputs) and URLs stay
             return m.group(0)
         path, _, anchor = target.partition("#")
-        file = (source.parent / path).resolve()
-        if bang:  # an image of the repository's: copied beside the page by stage()
-            return m.group(0)
+        file, anchor = (source.parent / path).resolve(), f"#{anchor}" if anchor else ""
         if file in mapping and mapping[file][0] == lang:
-            return f"[{label}]({relative(mapping[file][1], page)}{'#' + anchor if anchor else ''})"
+            return f"[{label}]({relative(mapping[file][1], page)}{anchor})"
         if file in mapping:  # the other language's page: a plain link into the other site, which Sphinx leaves be
-            href = os.path.relpath(html_of(*mapping[file]), os.path.dirname(html_of(lang, page)) or ".")
-            text = re.sub(r"`([^`]*)`", r"<code>\1</code>", label)
-            return f'<a href="{href}{"#" + anchor if anchor else ""}">{text}</a>'
+            href, text = relative(html_of(*mapping[file]), html_of(lang, page)), CODE.sub(r"<code>\1</code>", label)
+            return f'<a href="{href}{anchor}">{text}</a>'
         try:
             repo_path = file.relative_to(ROOT).as_posix()
         except ValueError:
             return m.group(0)
         kind = "tree" if file.is_dir() else "blob"
-        return f"[{label}](https://github.com/{REPOSITORY}/{kind}/main/{repo_path}{'#' + anchor if anchor else ''})"
+        return f"[{label}](https://github.com/{REPOSITORY}/{kind}/main/{repo_path}{anchor})"
 
     return LINK.sub(one, BADGE.sub("", text)).replace("\n\n \n", "\n\n")  # the badges: each page's header has them
 
