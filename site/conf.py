@@ -9,9 +9,9 @@ from sphinx.search import languages
 from sphinx.search.zh import SearchChinese
 
 here = Path(__file__).resolve().parent
-stage = json.loads(os.environ["DP_SITE_STAGE"])  # what tools/site.py staged: language, route, repository URL
+stage = json.loads(os.environ["DP_SITE_STAGE"])  # what tools/site.py staged: language, title, paths, labels
 
-project = "Data parallelism in PyTorch" if stage["lang"] == "en" else "PyTorch 数据并行"
+project = stage["title"]
 language = "en" if stage["lang"] == "en" else "zh_CN"  # zh_CN: Sphinx's Chinese search, segmented by jieba
 extensions = ["myst_nb", "sphinx_copybutton", "sphinx_design"]
 templates_path = [str(here / "_templates")]
@@ -46,7 +46,7 @@ html_title = project
 html_show_sourcelink = False
 html_copy_source = False
 html_last_updated_fmt = None
-html_context = {"default_mode": "auto", "course_lang": stage["lang"], "other_lang": stage["other"], "repository": stage["repository"],
+html_context = {"default_mode": "auto", "other_lang": stage["other"], "repository": stage["repository"],
                 "labels": stage["labels"]}
 html_theme_options = {
     "show_toc_level": 2,

@@ -28,9 +28,11 @@ SITE = ROOT / "site"
 REPOSITORY = "dp-course/data-parallelism"  # pyproject.toml's Repository URL: the Colab and Kaggle links open it
 LANGS = {
     "en": {"suffix": "", "root": "", "readme": "README.md", "name": "English", "code": "en",
+           "title": "Data parallelism in PyTorch",
            "solutions": "Solutions", "solution": "Solution to exercise {n}", "colab": "Open in Colab",
            "kaggle": "Open in Kaggle", "download": "Download .ipynb", "route": "The route"},
     "zh-CN": {"suffix": ".zh-CN", "root": "zh-CN/", "readme": "README.zh-CN.md", "name": "简体中文", "code": "zh-CN",
+              "title": "PyTorch 数据并行",
               "solutions": "参考答案", "solution": "练习 {n} 的参考答案", "colab": "在 Colab 中打开",
               "kaggle": "在 Kaggle 中打开", "download": "下载 .ipynb", "route": "学习路线"},
 }
@@ -203,10 +205,10 @@ def stage(lang: str, out: Path) -> dict:
         stage_notebook(nb, lang, out)
     other = next(v for k, v in LANGS.items() if k != lang)
     words = LANGS[lang]
-    return {"lang": lang, "repository": REPOSITORY, "mathjax": str(mathjax(out)),
+    return {"lang": lang, "title": words["title"], "repository": REPOSITORY, "mathjax": str(mathjax(out)),
             "downloads": str(out / "_downloads_"), "jieba_dict": str(jieba_dict(out)),
-            "other": {"name": other["name"], "code": other["code"],
-                      "root": "zh-CN/" if lang == "en" else "../"},
+            "other": {"name": other["name"], "code": other["code"],  # root: the other site, from this one's root
+                      "root": os.path.relpath(other["root"] or ".", words["root"] or ".") + "/"},
             "labels": {k: words[k] for k in ("suffix", "colab", "kaggle", "download")}}
 
 

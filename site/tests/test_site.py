@@ -125,14 +125,18 @@ def test_every_page_loads_offline_without_errors(page, server, browser):
     assert broken_links(page) == [] and parsed(SITE / page).switch, "no link to the other language"
 
 
-def search_results(browser, server, root: str, query: str) -> list[str]:
-    """The pages the site's own search lists for a query."""
-    def results(page):
+def search_page(browser, server, root: str, query: str, script: str) -> list[str]:
+    """What a script reads off the site's search results for a query, once the search has finished."""
+    def read(page):
         page.wait_for_selector("#search-results .search-summary", timeout=20_000)
-        return page.eval_on_selector_all("#search-results ul.search li a", "as => as.map(a => a.pathname)")
+        return page.eval_on_selector_all("#search-results ul.search li", script)
 
-    url = f"{server}/{root}search.html?q={urllib.parse.quote(query)}"
-    return visit(browser, url, results)["acted"]
+    return visit(browser, f"{server}/{root}search.html?q={urllib.parse.quote(query)}", read)["acted"]
+
+
+def search_results(browser, server, root: str, query: str) -> list[str]:
+    """The pages the site's own search lists for a query, best first."""
+    return search_page(browser, server, root, query, "lis => lis.map(li => li.querySelector('a').pathname)")
 
 
 @pytest.mark.parametrize("root, query, first", [
@@ -210,9 +214,6 @@ def test_on_a_phone_the_menu_opens_and_nothing_is_wider_than_the_screen(server, 
 
 
 def test_search_excerpts_hold_no_header_links_or_contents(server, browser):
-    def excerpts(page):
-        page.wait_for_selector("#search-results .search-summary", timeout=20_000)
-        return page.eval_on_selector_all("#search-results ul.search li p.context", "ps => ps.map(p => p.textContent)")
-
-    found = visit(browser, f"{server}/zh-CN/search.html?q={urllib.parse.quote('分片')}", excerpts)["acted"]
+    found = search_page(browser, server, "zh-CN/", "分片",
+                        "lis => lis.map(li => li.querySelector('p.context')).filter(p => p).map(p => p.textContent)")
     assert found and not any("Kaggle" in text or "目录" in text for text in found), found
