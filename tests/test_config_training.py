@@ -92,6 +92,21 @@ def test_digits_split_is_fixed_and_disjoint():
     torch.testing.assert_close(load_digits_split("held_out").target, held_out.target)
 
 
+def test_the_digits_are_scikit_learns_with_or_without_its_file(monkeypatch):
+    import importlib.util
+
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    from dp_helpers import data
+
+    expected = load_digits(return_X_y=True)
+    read = data.digits_arrays()  # from scikit-learn's file, without importing scikit-learn
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)  # a layout without the file
+    for got in (read, data.digits_arrays()):
+        assert all(np.array_equal(g, e) and g.dtype == e.dtype for g, e in zip(got, expected, strict=True))
+
+
 def test_fewer_samples_than_world_size():
     with pytest.raises(ValueError, match=r"samples=3 is fewer than world_size=4"):
         validate(TrainConfig(samples=3), world_size=4)
