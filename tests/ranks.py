@@ -1,4 +1,4 @@
-"""Ranks for tests without torchrun: W spawned processes join one gloo group once and run test functions on demand.
+"""Ranks for tests without torchrun: W processes join one gloo group once and run test functions on demand.
 
 As torch's MultiProcessTestCase does, the ranks meet through a FileStore instead of a launcher, so a
 test pays the processes' start-up (importing torch: seconds) once per session, not once per run.
@@ -30,6 +30,7 @@ def serve(rank: int, world_size: int, store_path: str, timeout_s: float, conn) -
 
     from dp_helpers.dist import DistInfo
 
+    torch.set_num_threads(worker_threads())  # as launched workers; the fork server imported torch before the fork
     dist.init_process_group("gloo", store=dist.FileStore(store_path, world_size), rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=timeout_s))
     while (job := pickle.loads(conn.recv_bytes())) is not None:
@@ -46,6 +47,19 @@ def serve(rank: int, world_size: int, store_path: str, timeout_s: float, conn) -
     os._exit(0)  # at once: gloo's threads can stall the interpreter's shutdown (see dp_helpers.dist.worker)
 
 
+# what every rank imports: the fork server imports it once, and each rank starts as a fork of it, in milliseconds
+# instead of the seconds a fresh interpreter takes (torch; torch._dynamo, which DistributedDataParallel imports)
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "dp_helpers.dist", "tests.ranks"]
+
+
+def fork_server():
+    """multiprocessing's forkserver context, preloading PRELOAD (the server is a fresh single-threaded process, unlike
+    the pytest process, which must not fork)."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
 class RankError(AssertionError):
     """A function failed on at least one rank; the message holds each failing rank's traceback."""
 
@@ -55,7 +69,7 @@ class RankPool:
 
     def __init__(self, world_size: int, timeout_s: float = 30.0):
         self.world_size, self.timeout_s, self.broken = world_size, timeout_s, False
-        ctx = mp.get_context("spawn")
+        ctx = fork_server()
         self.store = tempfile.NamedTemporaryFile(prefix="rank-pool-", delete=False).name
         os.unlink(self.store)  # FileStore creates it
         marker, os.environ["DP_TEST_ID"] = os.environ.get("DP_TEST_ID"), POOL_MARKER
