@@ -84,15 +84,15 @@ def capacity(backend: str) -> int:
 
 
 def launch_worker(world_size: int, *args, out: Path, backend: str) -> list:
-    """Run the bench worker and return every rank's result."""
+    """Run the bench worker and return every rank's results, {mode: result} each."""
     run = run_ddp("dp_helpers.scripts.bench_worker", *map(str, args), world_size=world_size, backend=backend,
                   out_dir=out, echo=False, timeout=1800, env={"OMP_NUM_THREADS": "1"})
     return json.loads((run.run_dir / "bench.json").read_text())
 
 
-def train_args(cfg: BenchConfig, mode: str, *extra, batches=None) -> list:
-    """Worker flags for a throughput measurement ("train" with --ddp/--no-ddp, or "dataparallel" --devices N)."""
-    return ["--mode", mode, *extra, "--batches", *(batches or cfg.batches), "--steps", cfg.steps,
+def train_args(cfg: BenchConfig, *modes: str, extra=(), batches=None) -> list:
+    """Worker flags for throughput measurements ("train" with --ddp/--no-ddp, "dataparallel" with --devices N ...)."""
+    return ["--mode", *modes, *extra, "--batches", *(batches or cfg.batches), "--steps", cfg.steps,
             "--rounds", cfg.rounds, "--warmup", cfg.warmup, "--dim", cfg.dim, "--hidden", cfg.hidden,
             "--depth", cfg.depth]
 
@@ -102,21 +102,40 @@ def total(rows: list[dict], name: str) -> dict[int, float]:
     return {int(b): sum(r[name][b] for r in rows) for b in rows[0][name]}
 
 
-def throughputs(cfg: BenchConfig, tmp: Path, backend: str, tick) -> dict:
-    """Samples/s of one process, of N independent processes (the ceiling), of DDP and of DataParallel, per batch."""
-    def measure(name: str, world_size: int, mode: str, *extra) -> list[dict]:
-        """One worker launch; advances the progress bar."""
-        rows = launch_worker(world_size, *train_args(cfg, mode, *extra), out=tmp / name, backend=backend)
-        tick()
-        return rows
+def of_mode(rows: list[dict], mode: str, key: str | None = None) -> list[dict]:
+    """Every rank's result of one mode of a launch (and of one device count, for "dataparallel")."""
+    return [r[mode] if key is None else r[mode][key] for r in rows]
 
-    out = {"single": total(measure("single", 1, "train", "--no-ddp"), "independent"),
-           "independent": {}, "ddp": {}, "dataparallel": {}}
-    for w in (w for w in cfg.world_sizes if w > 1):
-        rows = measure(f"ddp{w}", w, "train", "--ddp")  # the ceiling and DDP, alternating in the same processes
-        out["independent"][w], out["ddp"][w] = total(rows, "independent"), total(rows, "ddp")
-        out["dataparallel"][w] = total(measure(f"dp{w}", 1, "dataparallel", "--devices", w), "dataparallel")
-    return out
+
+def one_process(cfg: BenchConfig, many: list[int], tmp: Path, backend: str) -> tuple[dict, dict]:
+    """T(1), and DataParallel driving N devices for each N in `many`, in one 1-process launch."""
+    rows = launch_worker(1, *train_args(cfg, "train", "dataparallel", extra=["--no-ddp", "--devices", *many]),
+                         out=tmp / "one", backend=backend)
+    return total(of_mode(rows, "train"), "independent"), {w: total(of_mode(rows, "dataparallel", str(w)), "dataparallel")
+                                                          for w in many}
+
+
+def n_processes(cfg: BenchConfig, w: int, tmp: Path, backend: str, largest: bool) -> list[dict]:
+    """The ceiling and DDP, alternating in the same w processes; on the largest w the all-reduce and --comm too."""
+    modes = ["train", "allreduce", *(["comm"] if cfg.comm_check else [])] if largest else ["train"]
+    extra = ["--ddp", *(allreduce_args(cfg) if largest else [])]
+    return launch_worker(w, *train_args(cfg, *modes, extra=extra), out=tmp / f"n{w}", backend=backend)
+
+
+def measure_all(cfg: BenchConfig, tmp: Path, backend: str, tick) -> tuple[dict, list, dict | None]:
+    """Every CPU measurement, one launch per world size: (throughputs, all-reduce rows, --comm methods or None)."""
+    # one launch each, since each pays seconds of start-up (torchrun and every rank import torch)
+    many = sorted(w for w in cfg.world_sizes if w > 1)  # at least one: validate_bench
+    single, dataparallel = one_process(cfg, many, tmp, backend)
+    tick()
+    tp = {"single": single, "independent": {}, "ddp": {}, "dataparallel": dataparallel}
+    for w in many:
+        rows = n_processes(cfg, w, tmp, backend, largest=w == many[-1])
+        tick()
+        train = of_mode(rows, "train")
+        tp["independent"][w], tp["ddp"][w] = total(train, "independent"), total(train, "ddp")
+    last, w = rows[0], many[-1]  # rank 0 of the largest world size
+    return tp, allreduce_table(last["allreduce"], w), comm_table(cfg, last["comm"], w) if cfg.comm_check else None
 
 
 def dataparallel_kind(backend: str) -> str:
@@ -132,11 +151,13 @@ def precision_runs(cfg: BenchConfig, precision: str, n: int, tmp: Path) -> tuple
     problem = precision_problem(env.gpu_device(0), precision)
     if problem:
         return {"skipped": problem}, {"skipped": problem}
-    args, b = train_args(cfg, "train", "--precision", precision, batches=[cfg.default_batch]), cfg.default_batch
-    single = total(launch_worker(1, *args, "--no-ddp", out=tmp / f"gpu1-{precision}", backend="nccl"), "independent")[b]
+    b = cfg.default_batch
+    args = train_args(cfg, "train", extra=["--precision", precision, "--no-ddp"], batches=[b])
+    single = total(of_mode(launch_worker(1, *args, out=tmp / f"gpu1-{precision}", backend="nccl"), "train"), "independent")[b]
     if n < 2:
         return single, {"skipped": f"DDP across GPUs needs at least two; found {n}"}
-    return single, total(launch_worker(n, *args, "--ddp", out=tmp / f"gpu{n}-{precision}", backend="nccl"), "ddp")[b]
+    args = train_args(cfg, "train", extra=["--precision", precision, "--ddp"], batches=[b])
+    return single, total(of_mode(launch_worker(n, *args, out=tmp / f"gpu{n}-{precision}", backend="nccl"), "train"), "ddp")[b]
 
 
 def gpu_section(cfg: BenchConfig, tmp: Path, tick) -> dict:
@@ -154,11 +175,14 @@ def gpu_section(cfg: BenchConfig, tmp: Path, tick) -> dict:
     return out
 
 
-def allreduce_rows(cfg: BenchConfig, tmp: Path, backend: str) -> list[dict]:
-    """Time and bus bandwidth of dist.all_reduce and ring_all_reduce per message size, on the largest world size."""
-    w = max(cfg.world_sizes)  # >= 2: validate_bench refuses less
-    rows = launch_worker(w, "--mode", "allreduce", "--sizes", *cfg.sizes_mib, "--repeats", cfg.repeats, out=tmp / "ar",
-                  backend=backend)[0]
+def allreduce_args(cfg: BenchConfig) -> list:
+    """Worker flags of the all-reduce sweep and of the --comm methods."""
+    return ["--sizes", *cfg.sizes_mib, "--repeats", cfg.repeats, "--powersgd-rank", cfg.powersgd_rank,
+            "--period", cfg.period, "--comm-batch", cfg.default_batch]
+
+
+def allreduce_table(rows: list[dict], w: int) -> list[dict]:
+    """Rank 0's all-reduce times on w processes, with algorithm and bus bandwidth, ring against dist.all_reduce."""
     for r in rows:
         for key in ("all_reduce", "ring"):
             r[f"algbw_{key}_GBps"] = r["bytes"] / r[f"{key}_s"] / 1e9
@@ -168,11 +192,8 @@ def allreduce_rows(cfg: BenchConfig, tmp: Path, backend: str) -> list[dict]:
     return rows
 
 
-def comm_rows(cfg: BenchConfig, tmp: Path, backend: str) -> dict:
-    """Each --comm method's seconds and bytes per step on the largest world size, and both as ratios to allreduce's."""
-    w = max(cfg.world_sizes)
-    rows = launch_worker(w, *train_args(cfg, "comm", "--powersgd-rank", cfg.powersgd_rank, "--period", cfg.period,
-                                        batches=[cfg.default_batch]), out=tmp / "comm", backend=backend)[0]
+def comm_table(cfg: BenchConfig, rows: dict, w: int) -> dict:
+    """Rank 0's seconds and bytes per step of each --comm method on w processes, both as ratios to allreduce's."""
     base = rows["allreduce"]
     return {"world_size": w, "batch": cfg.default_batch, "powersgd_rank": cfg.powersgd_rank, "period": cfg.period,
             "methods": {m: {**r, "time_vs_allreduce": r["step_s"] / base["step_s"],
@@ -233,15 +254,10 @@ def run_bench(cfg: BenchConfig, out_dir=None, backend: str = "auto") -> dict:
         raise UsageError(f"output folder {out_dir} already holds a benchmark; choose a new folder or delete it.")
     out_dir = prepare_run_dir(out_dir, "bench")  # only now, so a refused benchmark leaves no folder behind
     gpus = env.gpu_count() if env.nccl_available() else 0  # gpu_section skips without NCCL
-    runs = (1 + 2 * sum(w > 1 for w in cfg.world_sizes) + 1 + cfg.overhead_check + cfg.comm_check
-            + len(cfg.precisions) * ((gpus > 0) + (gpus > 1)))
+    runs = (1 + sum(w > 1 for w in cfg.world_sizes) + cfg.overhead_check + len(cfg.precisions) * ((gpus > 0) + (gpus > 1)))
     bar = tqdm(total=runs, desc="bench", unit="run")
     with tempfile.TemporaryDirectory() as tmp:
-        tp = throughputs(cfg, Path(tmp), backend, lambda: bar.update(1))
-        ar = allreduce_rows(cfg, Path(tmp), backend)
-        bar.update(1)
-        comm = comm_rows(cfg, Path(tmp), backend) if cfg.comm_check else None
-        bar.update(1 if cfg.comm_check else 0)
+        tp, ar, comm = measure_all(cfg, Path(tmp), backend, lambda: bar.update(1))
         gpu = gpu_section(cfg, Path(tmp), bar.update)
         over = overhead(Path(tmp), cfg.overhead_repeats) if cfg.overhead_check else None
         bar.update(1 if cfg.overhead_check else 0)

@@ -33,14 +33,20 @@ def test_bench_quick_writes_the_documented_fields(tmp_path, monkeypatch, pools, 
     from dp_helpers.__main__ import main
     from dp_helpers.scripts import bench_worker
 
+    launched = []
+
     def in_pool(world_size, *args, out, backend):
-        return pools.get(world_size).run(bench_worker.measure, [str(a) for a in args])
+        argv = [str(a) for a in args]
+        launched.append((world_size, bench_worker.parse_args(argv).mode))
+        return pools.get(world_size).run(bench_worker.measure, argv)
 
     monkeypatch.setattr(bench, "launch_worker", in_pool)
     code = main(["bench", "--quick", "--world-sizes", "1", "2", "--no-overhead", "--hidden", "32", "--depth", "2",
                  "--batches", "16", "64", "--out", str(tmp_path / "b")])
     proc = subprocess.CompletedProcess([], code, *capsys.readouterr())
     assert proc.returncode == 0, proc.stderr[-2000:]
+    # one launch per world size: each pays seconds of start-up
+    assert launched == [(1, ["train", "dataparallel"]), (2, ["train", "allreduce", "comm"])]
     result = json.loads((tmp_path / "b" / "bench.json").read_text())
     assert set(result) >= {"config", "machine", "throughput", "speedup", "ceiling_speedup", "efficiency",
                            "efficiency_vs_ceiling", "batch_sweep", "allreduce", "train_overhead",
@@ -139,7 +145,7 @@ def test_gpu_section_bookkeeping_with_a_stand_in_worker(monkeypatch, tmp_path):
     def stand_in(world_size, *args, out, backend):
         precision = args[args.index("--precision") + 1]
         launches.append((world_size, precision, backend))
-        return [{"independent": {"1024": rates[precision]}, "ddp": {"1024": 0.9 * rates[precision]}}] * world_size
+        return [{"train": {"independent": {"1024": rates[precision]}, "ddp": {"1024": 0.9 * rates[precision]}}}] * world_size
 
     monkeypatch.setattr(bench, "launch_worker", stand_in)
     ticks = []

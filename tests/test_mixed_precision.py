@@ -53,4 +53,4 @@ def test_bench_worker_runs_ddp_with_fp16_and_the_scaler(pools):
 
     rows = pools.get(2).run(bench_worker.measure, ["--mode", "train", "--ddp", "--precision", "fp16", "--batches", "16",
                                                    "--steps", "2", "--warmup", "1", "--hidden", "32", "--depth", "2"])
-    assert len(rows) == 2 and all(r[model]["16"] > 0 for r in rows for model in ("independent", "ddp"))
+    assert len(rows) == 2 and all(r["train"][model]["16"] > 0 for r in rows for model in ("independent", "ddp"))

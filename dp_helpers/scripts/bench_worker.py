@@ -1,4 +1,4 @@
-"""Timings for `python -m dp_helpers bench`, one process per rank: training throughput or all-reduce time (notebook 09)."""
+"""Timings for `python -m dp_helpers bench`, one process per rank: training throughput, all-reduce time (notebook 09)."""
 
 from __future__ import annotations
 
@@ -103,10 +103,13 @@ def dataparallel(model: torch.nn.Module, n: int, info: dph.DistInfo) -> tuple[to
 
 
 def dataparallel_mode(args, info: dph.DistInfo) -> dict:
-    """One process drives n devices; each step takes n x the per-device batch, as DDP's n ranks together do."""
-    model, devices = dataparallel(bench_model(args, info), args.devices, info)
-    return by_model({b: throughputs({"dataparallel": model}, b * args.devices, args, info, devices)
-                     for b in args.batches})
+    """Per device count n: one process drives n devices, each step n x the per-device batch, as DDP's n ranks take."""
+    rates = {}
+    for n in args.devices:
+        model, devices = dataparallel(bench_model(args, info), n, info)
+        rates[str(n)] = by_model({b: throughputs({"dataparallel": model}, b * n, args, info, devices)
+                                  for b in args.batches})
+    return rates
 
 
 def timed(fns: dict, tensor: torch.Tensor, repeats: int, info: dph.DistInfo) -> dict[str, list[float]]:
@@ -141,7 +144,7 @@ def comm_step(method: str, args, info: dph.DistInfo):
         model = dph.wrap_ddp(model, info)
         register_comm(model, cfg, comm, start_iter=2)  # PowerSGD: every timed step after the warm-up is compressed
     opt = local_optimizer(cfg, model, torch.optim.SGD(model.parameters(), lr=1e-3), comm)
-    x, y = torch.randn(args.batches[0], args.dim, device=info.device), torch.rand(args.batches[0], device=info.device)
+    x, y = torch.randn(args.comm_batch, args.dim, device=info.device), torch.rand(args.comm_batch, device=info.device)
     return partial(train_step, model, x, y, opt), lambda: comm_totals(comm, model)[1]
 
 
@@ -158,13 +161,18 @@ def comm_mode(args, info: dph.DistInfo) -> dict:
             for m, (_, sent) in built.items()}
 
 
+MODES = {"train": train_mode, "dataparallel": dataparallel_mode, "allreduce": allreduce_mode, "comm": comm_mode}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The worker's flags (bench.py builds them)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mode", choices=("train", "dataparallel", "allreduce", "comm"), required=True)
+    parser.add_argument("--mode", nargs="+", choices=MODES, required=True,
+                        help="what to measure, one after the other in the same processes")
     parser.add_argument("--ddp", action=argparse.BooleanOptionalAction, default=True,
                         help="train mode: also time a DDP model, alternating with the independent one")
-    parser.add_argument("--devices", type=int, default=2, help="dataparallel mode: devices one process drives")
+    parser.add_argument("--devices", type=int, nargs="+", default=[2],
+                        help="dataparallel mode: the devices one process drives, one measurement per count")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
     parser.add_argument("--batches", type=int, nargs="+", default=[64])
     parser.add_argument("--steps", type=int, default=10)
@@ -177,17 +185,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--powersgd-rank", type=int, default=4, help="comm mode: PowerSGD's rank")
     parser.add_argument("--period", type=int, default=4, help="comm mode: local SGD's and DiLoCo's H")
+    parser.add_argument("--comm-batch", type=int, default=64, help="comm mode: the batch per process")
     return parser.parse_args(argv)
 
 
-def measure(info: dph.DistInfo, argv: list[str] | None = None):
-    """This rank's measurement in the mode the flags ask for."""
+def measure(info: dph.DistInfo, argv: list[str] | None = None) -> dict:
+    """This rank's measurements, {mode: result}, in the modes the flags ask for (each launch pays seconds of start-up)."""
     args = parse_args(argv)
     problem = precision_problem(info.device, args.precision)
     if problem:
         raise ValueError(problem)
-    modes = {"train": train_mode, "dataparallel": dataparallel_mode, "allreduce": allreduce_mode, "comm": comm_mode}
-    return modes[args.mode](args, info)
+    return {mode: MODES[mode](args, info) for mode in args.mode}
 
 
 def main(info: dph.DistInfo) -> None:
