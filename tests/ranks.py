@@ -54,7 +54,9 @@ PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "dp_helpers.dist", "te
 
 def fork_server():
     """multiprocessing's forkserver context, preloading PRELOAD (the server is a fresh single-threaded process, unlike
-    the pytest process, which must not fork)."""
+    the pytest process, which must not fork); spawn where there is no forkserver (Windows)."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
     return ctx
