@@ -152,12 +152,17 @@ def precision_runs(cfg: BenchConfig, precision: str, n: int, tmp: Path) -> tuple
     if problem:
         return {"skipped": problem}, {"skipped": problem}
     b = cfg.default_batch
-    args = train_args(cfg, "train", extra=["--precision", precision, "--no-ddp"], batches=[b])
-    single = total(of_mode(launch_worker(1, *args, out=tmp / f"gpu1-{precision}", backend="nccl"), "train"), "independent")[b]
+
+    def rate(w: int, ddp: bool) -> float:
+        """Samples/s of one w-GPU launch at the default batch: DDP's, or one process's alone."""
+        args = train_args(cfg, "train", extra=["--precision", precision, "--ddp" if ddp else "--no-ddp"], batches=[b])
+        rows = launch_worker(w, *args, out=tmp / f"gpu{w}-{precision}", backend="nccl")
+        return total(of_mode(rows, "train"), "ddp" if ddp else "independent")[b]
+
+    single = rate(1, ddp=False)
     if n < 2:
         return single, {"skipped": f"DDP across GPUs needs at least two; found {n}"}
-    args = train_args(cfg, "train", extra=["--precision", precision, "--ddp"], batches=[b])
-    return single, total(of_mode(launch_worker(n, *args, out=tmp / f"gpu{n}-{precision}", backend="nccl"), "train"), "ddp")[b]
+    return single, rate(n, ddp=True)
 
 
 def gpu_section(cfg: BenchConfig, tmp: Path, tick) -> dict:
