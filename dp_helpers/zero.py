@@ -9,7 +9,9 @@
   gradients are reduce-scattered (each rank receives the sum of its chunk), the chunk is stepped, and an all-gather
   rebuilds the parameters. Stage 2 also drops the full gradients once they are reduced.
 - `Zero3(model)`: parameters sharded too. Each module with parameters is a `Unit` whose full parameters exist only
-  between an all-gather (before its forward, and again before its backward) and the free that follows.
+  between an all-gather (before its forward, and again before its backward) and the free that follows; its
+  gradients are reduce-scattered once its backward is over (the gradient has reached its inputs), or at the
+  backward's end for the first units, whose inputs need none.
 All run inside a process group (a script under torchrun, or a test's rank pool).
 """
 
@@ -20,7 +22,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
-from .mini_ddp import broadcast_state
+from .mini_ddp import broadcast_state, engine_callback
 
 ADAM_STATE_BYTES = 8  # exp_avg and exp_avg_sq, fp32, per parameter
 
@@ -185,11 +187,9 @@ class Unit:
         self.owner, self.params = owner, list(module.parameters(recurse=False))
         self.flat = Flat([p.detach() for p in self.params], owner.world_size)
         self.shard = nn.Parameter(self.flat.chunk(owner.rank).clone())  # its own storage: the only copy kept
-        self.nbytes, self.ready = self.flat.buffer.untyped_storage().nbytes(), 0
-        for p in self.params:
-            p.register_post_accumulate_grad_hook(self.grad_ready)
+        self.nbytes = self.flat.buffer.untyped_storage().nbytes()
         self.release()
-        module.register_forward_pre_hook(lambda *_: self.gather())
+        module.register_forward_pre_hook(self.before_forward)
         module.register_forward_hook(self.after_forward)
 
     def gather(self) -> None:
@@ -202,6 +202,13 @@ class Unit:
         for p, view in zip(self.params, self.flat.views, strict=True):
             p.data = view  # the module computes with the full parameters
 
+    def before_forward(self, module, args) -> None:
+        """Gather the parameters; a backward reaching the inputs later means this module's backward is over."""
+        self.gather()
+        inputs = [t for t in tree_leaves(args) if isinstance(t, torch.Tensor) and t.requires_grad]
+        if inputs:  # FSDP2's post-backward: once the inputs' gradients exist, so do the parameters'
+            torch.autograd.graph.register_multi_grad_hook(inputs, lambda grads: self.owner.post_backward(self))
+
     def after_forward(self, module, args, out):
         """Free the parameters; gather them again just before this module's backward needs them."""
         needed = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
@@ -209,24 +216,22 @@ class Unit:
             self.release()
             return
         free(self.flat.buffer)  # the parameters stay views of the empty storage: autograd saved them
+        self.owner.waiting.append(self)  # its gradients are to be reduced
         for t in needed:
-            t.register_hook(lambda grad: self.gather())  # before the gradient reaches this module's backward
+            t.register_hook(lambda grad: self.owner.pre_backward(self))  # before the gradient reaches its backward
 
-    def grad_ready(self, param: nn.Parameter) -> None:
-        """Once every gradient of the unit is in: reduce-scatter them into this rank's chunk (added to any there)."""
-        self.ready += 1
-        if self.ready < len(self.params):
-            return
+    def reduce(self) -> None:
+        """Reduce-scatter the unit's gradients into this rank's chunk (added to any there), then free them."""
         full = torch.zeros(self.flat.buffer.shape, dtype=self.shard.dtype, device=self.shard.device)
         for p, view in zip(self.params, self.flat.views_of(full), strict=True):
-            view.copy_(p.grad)
+            if p.grad is not None:  # a parameter this rank did not use adds zeros (FSDP2 can be told to do the same)
+                view.copy_(p.grad)
             p.grad = None
         mine = torch.empty_like(self.shard)
         reduce_scatter_flat(mine, full)
         mine.div_(self.owner.world_size)
         self.shard.grad = mine if self.shard.grad is None else self.shard.grad.add_(mine)  # accumulation: the sum
         self.owner.sent["reduce_scatter"] += self.nbytes
-        self.ready = 0
         self.release()
 
     def release(self) -> None:
@@ -239,6 +244,10 @@ class Unit:
 class Zero3:
     """ZeRO stage 3 from scratch: each module's parameters live as 1/W chunks, gathered for its forward and its backward."""
 
+    # Supports: any module tree whose parameters are all trained, each owned by one module, that every rank runs
+    # alike; a parameter unused on some ranks or all (it adds zeros); accumulation over several backwards.
+    # Refuses: frozen and shared (tied) parameters. Adam only, without prefetching (Zero3Module has both).
+
     def __init__(self, model: nn.Module, **adam):
         params = list(model.parameters())
         if not all(p.requires_grad for p in params) or len({id(p) for p in params}) < sum(
@@ -247,16 +256,38 @@ class Zero3:
         broadcast_state(model)
         self.model, self.rank, self.world_size = model, dist.get_rank(), dist.get_world_size()
         self.sent = {"reduce_scatter": 0, "all_gather": 0}
+        self.waiting, self.in_backward = [], False  # units whose gradients are still to be reduced, in forward order
         self.units = [Unit(m, self) for m in model.modules() if any(True for _ in m.parameters(recurse=False))]
         self.adam = torch.optim.Adam([u.shard for u in self.units], **adam)
+
+    def pre_backward(self, unit: Unit) -> None:
+        """A unit's backward is next: gather its parameters (and, at the backward's start, book its end)."""
+        if not self.in_backward:
+            engine_callback(self.finish_backward)
+            self.in_backward = True
+        unit.gather()
+
+    def post_backward(self, unit: Unit) -> None:
+        """A unit's backward is over: reduce-scatter its gradients, used or not, as every rank does at this point."""
+        if unit in self.waiting:
+            self.waiting.remove(unit)
+            if unit not in self.waiting:  # a module called twice ends its backward twice: reduce after the last
+                unit.reduce()
+
+    def finish_backward(self) -> None:
+        """The backward's end: reduce the units whose inputs needed no gradient (the first), last one first."""
+        for unit in self.waiting[::-1]:
+            unit.reduce()
+        self.waiting, self.in_backward = [], False
 
     def step(self) -> None:
         """Adam on this rank's chunks (the next forward gathers the new parameters)."""
         self.adam.step()
 
     def zero_grad(self) -> None:
-        """Forget the last step's gradient chunks."""
+        """Forget the last step's gradient chunks (and a backward that raised before its end)."""
         self.adam.zero_grad()
+        self.waiting, self.in_backward = [], False
 
     def held(self) -> dict:
         """Bytes this rank holds now."""

@@ -6,11 +6,15 @@ that owns parameters is a unit (modules that share a parameter form one unit, as
 
 - before a unit's forward its full parameters are all-gathered, and the next unit's gather is started
   (prefetched) in the order the first forward ran; after the forward they are freed (storage resized to 0);
-- before the unit's backward they are gathered again (the previous unit prefetched), and once every gradient of
-  the unit has arrived it is reduce-scattered, units in one order on every rank, while the backward goes on;
-- at the end of the backward what no gradient reached is reduced too (zeros), and a parameter no rank had a
-  gradient for keeps `.grad = None` on its shard, so the optimizer skips it as it would in one process (every rank
-  must still run the same units: a unit used on some ranks only would leave their all-gathers unmatched);
+- before the unit's backward they are gathered again (the previous unit prefetched); once its backward is over
+  (the gradient has reached the module's inputs: FSDP2's post-backward, the same moment on every rank) the unit is
+  reduce-scattered while the backward goes on, a parameter this rank did not use adding zeros;
+- at the end of the backward the units whose inputs needed no gradient (the first) are reduced too, and a
+  parameter no rank had a gradient for keeps `.grad = None` on its shard, so the optimizer skips it as it would in
+  one process (every rank must still run the same units: a unit used on some ranks only would leave their
+  all-gathers unmatched);
+- the shards are 1-D chunks, so the optimizer must update each element on its own (SGD, Adam, AdamW, ...: those
+  in `zero_optim.ELEMENTWISE`); an optimizer that is not (Adafactor, Muon, LBFGS) is refused at its first step;
 - clip with `model.clip_grad_norm_` (the norm over every rank's chunks; torch.nn.utils' would see one rank's);
 - `full_state_dict()` gathers every weight by its original name: a state dict the plain model loads.
 Every rank must run the same units in its forward (as with FSDP). Outside a unit's forward its parameters are freed
@@ -105,10 +109,10 @@ class Zero3Module(nn.Module):
         self.shards = nn.ParameterList([s for u in self.units for s in u.bucket.shards])
         hide_parameters(module)  # the wrapper's parameters are the shards alone
         object.__setattr__(module, "_zero3_wrapped", True)
-        self.module, self.order, self.pending, self.next = module, [], False, 0
+        self.module, self.order, self.pending, self.waiting, self.launched = module, [], False, [], None
         for unit in self.units:
             for m in unit.modules:
-                m.register_forward_pre_hook(lambda *_, u=unit: self.before_forward(u))
+                m.register_forward_pre_hook(lambda _, args, u=unit: self.before_forward(u, args))
                 m.register_forward_hook(lambda _, args, out, u=unit: self.after_forward(u, out))
             for p in unit.bucket.params:
                 let_go(p)  # a MiniDDP or ZeroOptimizer made earlier over these parameters reduces no more
@@ -117,18 +121,21 @@ class Zero3Module(nn.Module):
     def forward(self, *args, **kwargs):
         """The wrapped module's forward, its units gathered and freed as it goes (inputs cast to param_dtype)."""
         if self.pending:  # the last backward raised before its end: its callback never ran, so start afresh
-            self.pending, self.next = False, 0
+            self.pending, self.waiting, self.launched = False, [], None
         for unit in self.units:  # left full (a prefetch whose unit did not run, torch.autograd.grad): stale after a step
             unit.release()
         args, kwargs = cast_floats((args, kwargs), self.mp.param_dtype)
         return cast_floats(self.module(*args, **kwargs), self.mp.output_dtype)
 
-    def before_forward(self, unit: Unit) -> None:
-        """Gather this unit; prefetch the next one in the first forward's order (recorded then)."""
+    def before_forward(self, unit: Unit, args) -> None:
+        """Gather this unit; prefetch the next one in the first forward's order (recorded then); book its post-backward."""
         if unit not in self.order:
             self.order.append(unit)
         unit.gather()
         self.prefetch(unit, +1)
+        inputs = [t for t in tree_leaves(args) if isinstance(t, torch.Tensor) and t.requires_grad]
+        if inputs:  # once the gradient reaches the inputs, the module's backward is over (FSDP2's post-backward)
+            torch.autograd.graph.register_multi_grad_hook(inputs, lambda grads: self.post_backward(unit))
 
     def prefetch(self, unit: Unit, direction: int) -> None:
         """Start the gather of the unit that runs next in this direction (+1 forward, -1 backward)."""
@@ -139,45 +146,51 @@ class Zero3Module(nn.Module):
     def after_forward(self, unit: Unit, out) -> None:
         """Free the unit; gather it again (prefetching the previous one) just before its backward needs it."""
         unit.release()
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor) and t.requires_grad:
-                t.register_hook(lambda grad, u=unit: self.before_backward(u))
+        needed = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
+        if needed:
+            self.waiting.append(unit)  # its gradients are to be reduced, at its post-backward or the backward's end
+        for t in needed:
+            t.register_hook(lambda grad, u=unit: self.before_backward(u))
 
     def before_backward(self, unit: Unit) -> None:
         """Gather this unit for its backward; prefetch the unit whose backward comes next."""
+        if not self.pending:  # the backward's start: finish the rest when it ends
+            engine_callback(self.finish_backward)
+            self.pending, self.before = True, {s: s.grad is None for s in self.shards}
         unit.gather()
         self.prefetch(unit, -1)
 
     def grad_ready(self, p: torch.Tensor) -> None:
-        """A gradient is final: move it into its unit; reduce-scatter every complete unit whose turn has come."""
-        if not self.pending:  # the first gradient of this backward: finish the rest when the backward ends
-            engine_callback(self.finish_backward)
-            self.pending, self.before = True, {s: s.grad is None for s in self.shards}
+        """A gradient is final: move it into its unit's full gradient, freeing the parameter's."""
         self.unit_of[p].bucket.collect(p)
-        backward = self.backward_order()
-        while self.next < len(backward) and backward[self.next].bucket.full():  # one order on every rank
-            backward[self.next].bucket.reduce(async_op=True)
-            backward[self.next].release()
-            if self.next > 0:  # the previous unit's full gradient goes as soon as its chunks have arrived
-                backward[self.next - 1].bucket.finish()
-            self.next += 1
 
-    def backward_order(self) -> list[Unit]:
-        """The order units are reduced in: the reverse of the first forward's (then of registration, if incomplete)."""
-        seen = self.order if len(self.order) == len(self.units) else self.order + [u for u in self.units if u not in self.order]
-        return seen[::-1]
+    def post_backward(self, unit: Unit) -> None:
+        """A module's backward is over: reduce-scatter its unit (zeros for what it did not use), the same on every rank."""
+        if unit in self.waiting:
+            self.waiting.remove(unit)
+            if unit not in self.waiting:  # a module called twice ends its backward twice: reduce after the last
+                self.reduce(unit)
+
+    def reduce(self, unit: Unit) -> None:
+        """Start the unit's reduce-scatter and free its parameters; the one started before it lands meanwhile."""
+        unit.bucket.finish()  # a unit reduced twice in one backward (two modules share it): the first lands first
+        unit.bucket.reduce(async_op=True)
+        unit.release()
+        if self.launched is not None and self.launched is not unit:
+            self.launched.bucket.finish()
+        self.launched = unit
 
     def finish_backward(self) -> None:
-        """Reduce what this backward did not reach (zeros), wait for every unit, and leave unused shards' .grad None."""
+        """Reduce the units whose inputs needed no gradient (the first ones), wait for all, leave unused shards' .grad None."""
         try:
-            for unit in self.backward_order()[self.next:]:
-                unit.bucket.reduce(async_op=True)
+            for unit in self.waiting[::-1]:
+                self.reduce(unit)
             for unit in self.units:
                 unit.bucket.finish()
                 unit.release()
             self.drop_unused()
         finally:
-            self.pending, self.next = False, 0
+            self.pending, self.waiting, self.launched = False, [], None
 
     def drop_unused(self) -> None:
         """Shards of parameters no rank had a gradient for in this backward go back to .grad = None (if it was)."""

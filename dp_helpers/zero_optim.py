@@ -46,7 +46,7 @@ class Bucket:
         self.nbytes = self.buffer.untyped_storage().nbytes()
         self.buffer.untyped_storage().resize_(0)  # the gather's landing place: memory only while gathering
         self.position, self.grad_dtype = {p: i for i, p in enumerate(params)}, self.buffer.dtype  # dtype reduced in
-        self.full_grad, self.ready, self.work, self.mine, self.had_grad = None, set(), None, None, set()
+        self.full_grad, self.sending, self.ready, self.work, self.mine, self.had_grad = None, None, set(), None, None, set()
 
     def layout(self, tensors: list[torch.Tensor], dtype: torch.dtype | None = None) -> torch.Tensor:
         """Tensors shaped like the parameters, placed in a new rank-major buffer (each padded to world_size chunks)."""
@@ -95,6 +95,7 @@ class Bucket:
                                          self.grad_dtype)
         self.mine = torch.empty(sum(self.sizes), dtype=self.grad_dtype, device=self.buffer.device)
         self.work = reduce_scatter_flat(self.mine, self.full_grad, async_op=async_op)
+        self.sending, self.full_grad = self.full_grad, None  # a gradient arriving meanwhile starts a new full gradient
 
     def finish(self) -> None:
         """Wait for the reduce-scatter and add the mean of each chunk to its shard's .grad; free the full gradient."""
@@ -105,7 +106,7 @@ class Bucket:
         for shard, mean in zip(self.shards, self.chunks_of(self.mine.div_(self.world_size)), strict=True):
             mean = mean.to(shard.dtype)  # reduced in grad_dtype, kept in the shard's (fp32 master) dtype
             shard.grad = mean.clone() if shard.grad is None else shard.grad.add_(mean)  # / world_size: as DDP
-        self.full_grad, self.ready, self.work, self.mine = None, set(), None, None
+        self.sending, self.ready, self.work, self.mine = None, set(), None, None
 
     def gather(self) -> None:
         """All-gather every rank's chunks and write the new full values into the parameters."""
