@@ -5,9 +5,15 @@ all-reduced and orthogonalised, Q = M^T P (m x r) is all-reduced, and M is repla
 values on the wire instead of n m. What the rank-r picture misses is kept on the rank (error feedback) and added to
 the next step's gradient; Q is carried over from the last step (warm start). Vectors and matrices that would not
 shrink by `min_compression_rate` are all-reduced as they are. The same algorithm, choices, random draws and matrix
-kernel as torch's `powerSGD_hook` with a `PowerSGDState` of the same arguments, in plain steps: bit for bit its
-result at ranks 1 and 2, where torch orthogonalises by Gram-Schmidt too (tests/test_compression.py). Notebook 10
-teaches it.
+kernel as torch's `powerSGD_hook` with a `PowerSGDState` of the same arguments, in plain steps: bit for bit torch's
+result at ranks 1 and 2 (above them torch orthogonalises by QR), at any world size (tests/test_compression.py).
+Asynchronous where it can be: the first steps' all-reduce and each bucket's last (of Q) run while the backward goes
+on, their Future completed by a callback that only computes. The all-reduces of the whole tensors and of P wait in
+the hook: torch's hook chains all three in callbacks that start the next all-reduce, which on gloo run on the
+group's threads in the order the exchanges finish, so with several buckets the ranks can start them in different
+orders (a collective mismatch, seen in the tests) or stall; ours starts every all-reduce in the hook, in bucket
+order, the same on every rank. Supports: any DDP model, buckets of any size, fp32 gradients. Refuses:
+start_iter < 2 with error feedback or warm start. Notebook 10 teaches it.
 """
 
 from __future__ import annotations
@@ -15,8 +21,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 import torch.distributed as dist
-
-from .local_sgd import average_
 
 
 def orthogonalize(columns: torch.Tensor, epsilon: float = 0) -> None:
@@ -52,42 +56,57 @@ class PowerSGD:
         self.sent, self.calls = 0, 0  # values handed to all-reduce so far on this rank, and the all-reduces
 
     def hook(self, bucket):  # no annotations: DDP compares them with the classes themselves
-        """The communication hook: DDP hands it each GradBucket of this rank's gradients, it returns their average."""
+        """The communication hook: DDP hands it each GradBucket; it returns a Future of their average."""
         buffer, k = bucket.buffer(), bucket.index()
-        if self.iter < self.start_iter:
-            self.sent, self.calls = self.sent + average_([buffer]), self.calls + 1  # the first steps as DDP's default
+        if self.iter < self.start_iter:  # the first steps as DDP's default hook: divided, then summed
+            buffer.div_(dist.get_world_size())
+            done = self.all_reduce(buffer).then(lambda fut: buffer)
         else:
-            self.compress(buffer, k, [g.view(g.shape[0], -1) for g in bucket.gradients()])
+            done = self.compress(buffer, k, [g.view(g.shape[0], -1) for g in bucket.gradients()])
         self.iter += bucket.is_last()  # one step: DDP hands over its last bucket once the others are done
-        done = torch.futures.Future()
-        done.set_result(buffer)
-        return done
+        return done  # DDP waits for every bucket's Future at the end of the backward: meanwhile the backward goes on
 
-    def compress(self, buffer: torch.Tensor, k: int, matrices: list[torch.Tensor]) -> None:
-        """Replace this bucket's gradients by the rank-r approximation of their average (and keep this rank's error)."""
+    def all_reduce(self, flat: torch.Tensor) -> torch.futures.Future:
+        """Start summing a flat tensor over ranks, in place; count it; a Future of the tensor (at once if empty)."""
+        if flat.numel() == 0:
+            done = torch.futures.Future()
+            done.set_result([flat])
+            return done
+        self.sent, self.calls = self.sent + flat.numel(), self.calls + 1
+        return dist.all_reduce(flat, async_op=True).get_future()
+
+    def compress(self, buffer: torch.Tensor, k: int, matrices: list[torch.Tensor]) -> torch.futures.Future:
+        """Replace this bucket's gradients by the rank-r picture of their average; the last exchange ends in the Future."""
         if self.error_feedback:
             buffer += self.errors.get(k, 0)
-            before = buffer.clone()
+        before = buffer.clone() if self.error_feedback else None
         big = [m for m in matrices if worth_compressing(*m.shape, min(*m.shape, self.rank), self.min_rate)]
         small = [m for m in matrices if all(m is not b for b in big)]
-        if small:
-            # as they are, divided before the sum as torch's allreduce_hook does
-            self.sent, self.calls = self.sent + average_(small), self.calls + 1
         shapes = [m.shape for m in big]
         big.sort(key=lambda m: shapes.index(m.shape))  # torch draws the random Qs shape by shape
         qs = self.factors_q(k, big)
-        ps = [mm(m, q) for m, q in zip(big, qs, strict=True)]
-        self.sum_all(ps)  # P = sum over ranks of M Q; its scale does not matter once orthogonalised
+        small_flat = packed(small, buffer)
+        self.all_reduce(small_flat).wait()  # the tensors sent whole: summed, then divided, in torch's order
+        for m, mean in zip(small, unpacked(small_flat.div_(dist.get_world_size()), [m.shape for m in small]), strict=True):
+            m.copy_(mean)
+        p_flat = packed([mm(m, q) for m, q in zip(big, qs, strict=True)], buffer)
+        ps = unpacked(p_flat, [(m.shape[0], q.shape[1]) for m, q in zip(big, qs, strict=True)])
+        self.all_reduce(p_flat).wait()  # P = the sum over ranks of M Q; its scale does not matter once orthogonalised
         for p in ps:
             orthogonalize(p, self.epsilon)
-        qs = [mm(m.T, p) for m, p in zip(big, ps, strict=True)]
-        self.sum_all(qs)
+        q_flat = packed([mm(m.T, p) for m, p in zip(big, ps, strict=True)], buffer)
+        qs = unpacked(q_flat, [q.shape for q in qs])
+        return self.all_reduce(q_flat).then(lambda fut: self.decompress(buffer, k, big, ps, qs, before))
+
+    def decompress(self, buffer: torch.Tensor, k: int, big: list, ps: list, qs: list, before) -> torch.Tensor:
+        """Once Q's sum is in: M = P Q^T, Q the mean of M^T P (kept for the warm start, as torch keeps it)."""
         for m, p, q in zip(big, ps, qs, strict=True):
-            q /= dist.get_world_size()  # the mean of M^T P over ranks (kept for the warm start, as torch keeps it)
+            q /= dist.get_world_size()
             m.copy_(mm(p, q.T))
         self.qs[k] = qs if self.warm_start else None
         if self.error_feedback:
             self.errors[k] = before - buffer
+        return buffer
 
     def factors_q(self, k: int, big: list[torch.Tensor]) -> list[torch.Tensor]:
         """This step's Q for each matrix: last step's, orthogonalised again (warm start), or random orthonormal ones."""
@@ -102,11 +121,16 @@ class PowerSGD:
             orthogonalize(q, self.epsilon)
         return qs
 
-    def sum_all(self, factors: list[torch.Tensor]) -> None:
-        """Sum a list of factors over ranks with one all-reduce of their concatenation."""
-        if not factors:
-            return
-        self.sent, self.calls = self.sent + average_(factors, mean=False), self.calls + 1
+
+def packed(tensors: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    """The tensors' values in one new flat tensor (empty, of like's dtype and device, for no tensors)."""
+    return torch.cat([t.reshape(-1) for t in tensors]) if tensors else like.new_empty(0)
+
+
+def unpacked(flat: torch.Tensor, shapes: list) -> list[torch.Tensor]:
+    """Views of a flat tensor, one per shape, in order."""
+    sizes = [torch.Size(shape).numel() for shape in shapes]
+    return [part.view(shape) for part, shape in zip(flat.split(sizes), shapes, strict=True)]
 
 
 def powersgd_values(shapes: list[torch.Size], rank: int, min_compression_rate: float = 2) -> int:

@@ -8,7 +8,8 @@
   momentum applies to those weights (Douillard et al., 2023). Inner state stays on each rank.
 Both send the parameters once per H steps, 1/H of DDP's gradients; `sent` counts the values handed to all-reduce.
 They run inside a process group, on a plain (not DDP-wrapped) model; every rank must take the same number of steps,
-and steps after the last average stay each rank's own. Buffers (BatchNorm's statistics) are not averaged.
+and steps after the last average stay each rank's own. They average every trained parameter, so a parameter some
+ranks leave unused is fine. Buffers (BatchNorm's statistics) and frozen parameters are not averaged.
 Notebook 10 teaches both.
 """
 
@@ -42,7 +43,7 @@ class LocalSGD:
         if period < 1 or warmup_steps < 0:
             raise ValueError(f"LocalSGD needs period >= 1 and warmup_steps >= 0, not {period} and {warmup_steps}.")
         broadcast_state(module)  # every rank starts from rank 0's weights
-        self.params, self.period, self.warmup = list(module.parameters()), period, warmup_steps
+        self.params, self.period, self.warmup = [p for p in module.parameters() if p.requires_grad], period, warmup_steps
         self.step, self.sent, self.calls = 0, 0, 0
 
     def after_step(self) -> None:
@@ -56,8 +57,10 @@ class LocalSGD:
         return step < self.warmup or (step - self.warmup) % self.period == 0
 
     def average(self) -> None:
-        """Replace the parameters by their mean over ranks (as torch's averager: only those with a gradient)."""
-        self.sent += average_([p.data for p in self.params if p.grad is not None])  # the others did not move
+        """Replace every trained parameter by its mean over ranks: the same tensors on every rank, gradient or not."""
+        # torch's averager takes only the parameters with a .grad on this rank: where a rank leaves one unused, the
+        # ranks flatten different lengths and the all-reduce fails (or, at equal lengths, mixes tensors silently)
+        self.sent += average_([p.data for p in self.params])
         self.calls += 1
 
     def finish(self) -> None:

@@ -198,6 +198,8 @@ class MiniDDP(AsyncAllReduce):
 
     def make_buckets(self, groups: list[list[nn.Parameter]]) -> None:
         """Buckets for these groups of parameters, all-reduced in this order."""
+        if not groups:  # torch's DDP refuses the same module
+            raise ValueError("MiniDDP has nothing to average: no parameter of this module requires a gradient.")
         self.buckets, self.next = [Bucket(group) for group in groups], 0
         self.bucket_of = {p: b for b in self.buckets for p in b.params}
 

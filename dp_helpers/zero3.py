@@ -31,11 +31,26 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils._pytree import tree_leaves
 
 from .mini_ddp import broadcast_state, engine_callback, let_go
 from .zero import all_gather_flat
-from .zero_optim import Bucket, clip_chunks_, used_anywhere
+from .zero_optim import Bucket, clip_chunks_, refuse_not_elementwise, used_anywhere
+
+STEP_CHECK = []  # the one optimizer step pre-hook of this process that checks what steps Zero3Module shards
+
+
+def check_optimizers() -> None:
+    """From now on, an optimizer stepping Zero3Module shards refuses in one sentence unless its update is elementwise."""
+    if not STEP_CHECK:  # torch's global hook: the wrapper never sees the optimizer built over its parameters
+        STEP_CHECK.append(register_optimizer_step_pre_hook(refuse_on_shards))
+
+
+def refuse_on_shards(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
+    """The step pre-hook: an optimizer over Zero3Module shards must be elementwise (zero_optim.ELEMENTWISE)."""
+    if any(getattr(p, "_zero3_shard", False) for group in optimizer.param_groups for p in group["params"]):
+        refuse_not_elementwise(type(optimizer), "Zero3Module")
 
 
 @dataclass(frozen=True)
@@ -107,6 +122,9 @@ class Zero3Module(nn.Module):
         self.units = [Unit(mods, params, self.rank, self.world_size, self.mp) for mods, params in units_of(module)]
         self.unit_of = {p: u for u in self.units for p in u.bucket.params}
         self.shards = nn.ParameterList([s for u in self.units for s in u.bucket.shards])
+        for shard in self.shards:
+            shard._zero3_shard = True  # what refuse_on_shards looks for
+        check_optimizers()
         hide_parameters(module)  # the wrapper's parameters are the shards alone
         object.__setattr__(module, "_zero3_wrapped", True)
         self.module, self.order, self.pending, self.waiting, self.launched = module, [], False, [], None

@@ -6,12 +6,15 @@ Like `torch.distributed.optim.ZeroRedundancyOptimizer`, it takes parameters or p
 Unlike it, it reduces the gradients itself, so it is used on the plain model and refuses a DDP-wrapped one:
 
 - the trained parameters of each group are laid out in flat buckets of about `bucket_cap_mb` (last layer first,
-  the order the backward produces gradients), each padded to a multiple of world_size; rank r owns chunk r of
-  every bucket, and the inner optimizer steps only those chunks (elementwise optimizers: SGD, Adam, AdamW, ...);
+  the order the backward produces gradients; a bucket per dtype and device), each padded to a multiple of
+  world_size; rank r owns chunk r of every bucket, and the inner optimizer steps only those chunks, so it must be
+  elementwise (`ELEMENTWISE`: SGD, Adam, AdamW, ...); Adafactor, Muon, LBFGS and SparseAdam are refused at once,
+  and so is a sparse gradient; keys the inner optimizer writes into its groups are copied back after each step;
 - stage 1 keeps the full local gradients and reduce-scatters them at `step`;
 - stage 2 reduce-scatters each bucket **during the backward**, as soon as its last gradient is ready, frees each
   parameter's `.grad` once it is in its bucket, and each bucket's full gradient once the next bucket is launched:
-  at most two buckets' full gradients at a time, and between steps a rank holds only its chunks of them;
+  at most two buckets' full gradients at a time, and between steps a rank holds only its chunks of them; under
+  `optimizer.no_sync()` a backward only accumulates into `.grad` (accumulation sends once per step, as DDP's);
 - `step` then all-gathers every bucket, so each rank's model holds the new full parameters.
 Limits: clip with `optimizer.clip_grad_norm_` (torch.nn.utils' sees no stage-2 gradients and stage 1's unreduced
 ones); `GradScaler` is refused at its first step; a parameter frozen when the optimizer is built stays out of it
@@ -23,6 +26,7 @@ Taught in notebook 08 (its ZeroAdam is the same idea around Adam alone); it runs
 
 from __future__ import annotations
 
+import contextlib
 import gc
 
 import torch
@@ -31,6 +35,23 @@ from torch import nn
 
 from .mini_ddp import assign_buckets, ddp_caps, engine_callback, let_go
 from .zero import all_gather_flat, padded, reduce_scatter_flat
+
+# torch's optimizers whose update of an element reads that element's gradient and state alone (and the step count):
+# they may step 1-D chunks of a parameter. Adafactor (row and column statistics, the parameter's RMS), Muon (whole
+# matrices), LBFGS (a closure, global directions) and SparseAdam (sparse gradients) may not. A subclass counts as its
+# base; add your own class here if its update is elementwise too.
+ELEMENTWISE = {torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adamax, torch.optim.NAdam,
+               torch.optim.RAdam, torch.optim.Adagrad, torch.optim.Adadelta, torch.optim.RMSprop, torch.optim.Rprop,
+               torch.optim.ASGD}
+
+
+def refuse_not_elementwise(optimizer_class: type, who: str) -> None:
+    """One sentence when an optimizer class is not known to update each element on its own."""
+    if not any(issubclass(optimizer_class, known) for known in ELEMENTWISE):
+        raise ValueError(f"{who} shards each parameter into 1-D chunks, so it steps only optimizers whose update is "
+                         f"elementwise (SGD, Adam, AdamW, ...: zero_optim.ELEMENTWISE), and "
+                         f"{optimizer_class.__name__} is not among them: use torch's ZeroRedundancyOptimizer, which "
+                         "keeps whole tensors, or add the class to ELEMENTWISE if its update is elementwise.")
 
 
 class Bucket:
@@ -47,6 +68,7 @@ class Bucket:
         self.buffer.untyped_storage().resize_(0)  # the gather's landing place: memory only while gathering
         self.position, self.grad_dtype = {p: i for i, p in enumerate(params)}, self.buffer.dtype  # dtype reduced in
         self.full_grad, self.sending, self.ready, self.work, self.mine, self.had_grad = None, None, set(), None, None, set()
+        self.sent = {"reduce_scatter": 0, "all_gather": 0}  # bytes this rank handed to each collective
 
     def layout(self, tensors: list[torch.Tensor], dtype: torch.dtype | None = None) -> torch.Tensor:
         """Tensors shaped like the parameters, placed in a new rank-major buffer (each padded to world_size chunks)."""
@@ -57,6 +79,8 @@ class Bucket:
 
     def add_into(self, buffer: torch.Tensor, i: int, t: torch.Tensor) -> None:
         """Add a tensor shaped like parameter i into its world_size chunks of a rank-major buffer."""
+        if t.is_sparse:
+            raise ValueError("ZeroOptimizer needs dense gradients: build nn.Embedding without sparse=True.")
         size, offset = self.sizes[i], sum(self.sizes[:i])
         buffer.view(self.world_size, -1)[:, offset:offset + size] += padded_chunks(t.to(buffer.dtype), self.world_size)
 
@@ -93,8 +117,12 @@ class Bucket:
             self.had_grad |= {p for p in self.params if p.grad is not None}
             self.full_grad = self.layout([torch.zeros_like(p) if p.grad is None else p.grad for p in self.params],
                                          self.grad_dtype)
+        pre, self.post = divide_factors(self.world_size, self.grad_dtype)
+        if pre != 1:  # fp16: part of the division before the sum, so that the sum cannot overflow (FSDP2's split)
+            self.full_grad.div_(pre)
         self.mine = torch.empty(sum(self.sizes), dtype=self.grad_dtype, device=self.buffer.device)
         self.work = reduce_scatter_flat(self.mine, self.full_grad, async_op=async_op)
+        self.sent["reduce_scatter"] += self.full_grad.numel() * self.full_grad.element_size()
         self.sending, self.full_grad = self.full_grad, None  # a gradient arriving meanwhile starts a new full gradient
 
     def finish(self) -> None:
@@ -103,7 +131,7 @@ class Bucket:
             return
         if self.work is not None:
             self.work.wait()
-        for shard, mean in zip(self.shards, self.chunks_of(self.mine.div_(self.world_size)), strict=True):
+        for shard, mean in zip(self.shards, self.chunks_of(self.mine.div_(self.post)), strict=True):
             mean = mean.to(shard.dtype)  # reduced in grad_dtype, kept in the shard's (fp32 master) dtype
             shard.grad = mean.clone() if shard.grad is None else shard.grad.add_(mean)  # / world_size: as DDP
         self.sending, self.ready, self.work, self.mine = None, set(), None, None
@@ -112,6 +140,7 @@ class Bucket:
         """All-gather every rank's chunks and write the new full values into the parameters."""
         self.buffer.untyped_storage().resize_(self.nbytes)
         all_gather_flat(self.buffer, torch.cat([s.detach() for s in self.shards]))
+        self.sent["all_gather"] += self.nbytes
         for p, value in zip(self.params, self.unlayout(self.buffer), strict=True):
             p.data.copy_(value)
         self.buffer.untyped_storage().resize_(0)
@@ -124,10 +153,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
                  **defaults):
         if stage not in (1, 2):
             raise ValueError(f"ZeroOptimizer implements stages 1 and 2, not {stage!r} (stage 3 shards the model).")
+        refuse_not_elementwise(optimizer_class, "ZeroOptimizer")
         self.optimizer_class, self.stage, self.caps = optimizer_class, stage, ddp_caps(bucket_cap_mb)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.buckets, self.bucket_of, self.shard_of, self.inner = [], {}, {}, None
-        self.pending, self.next, self.reduced, self._consolidated = False, 0, False, None
+        self.pending, self.next, self.reduced, self._consolidated, self.sync = False, 0, False, None, True
         super().__init__(params, defaults)  # torch builds the groups: it calls add_param_group for each
         refuse_ddp(self.bucket_of)
 
@@ -138,8 +168,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
         trained = [p for p in reversed(group["params"]) if p.requires_grad]  # last layer first
         for p in trained:
             dist.broadcast(p.detach(), 0)  # every rank starts from rank 0's weights, as DDP's constructor does
-        sizes = [p.numel() * p.element_size() for p in trained]
-        new = [Bucket([trained[i] for i in g], self.rank, self.world_size) for g in assign_buckets(sizes, self.caps)]
+        new = []
+        for kind in dict.fromkeys((p.dtype, p.device) for p in trained):  # a bucket per dtype and device, as DDP's
+            same = [p for p in trained if (p.dtype, p.device) == kind]
+            sizes = [p.numel() * p.element_size() for p in same]
+            new += [Bucket([same[i] for i in g], self.rank, self.world_size) for g in assign_buckets(sizes, self.caps)]
         for bucket in new:
             self.buckets.append(bucket)
             for p, shard in zip(bucket.params, bucket.shards, strict=True):
@@ -154,8 +187,24 @@ class ZeroOptimizer(torch.optim.Optimizer):
         for key, value in self.inner.param_groups[-1].items():  # the inner class's defaults (betas, eps, ...)
             group.setdefault(key, value)
 
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backwards inside only accumulate into .grad, as under DDP's no_sync: stage 2 reduces at the next one outside."""
+        self.sync = False
+        try:
+            yield
+        finally:
+            self.sync = True
+
+    @property
+    def sent(self) -> dict:
+        """Bytes this rank has handed to each collective so far."""
+        return {k: sum(b.sent[k] for b in self.buckets) for k in ("reduce_scatter", "all_gather")}
+
     def collect(self, p: nn.Parameter) -> None:
         """Stage 2's hook: p's gradient is final; reduce-scatter its bucket once the bucket is complete."""
+        if not self.sync:  # accumulation: the gradient stays in .grad, and the next synced backward adds to it
+            return
         if not self.pending:  # the first gradient of this backward: finish every bucket when the backward ends
             engine_callback(self.finish_backward)
             self.pending = True
@@ -207,6 +256,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         for group, inner in zip(self.param_groups, self.inner.param_groups, strict=True):
             inner.update({k: v for k, v in group.items() if k != "params"})  # a scheduler changes the outer groups
         self.inner.step()
+        for group, inner in zip(self.param_groups, self.inner.param_groups, strict=True):
+            group.update({k: v for k, v in inner.items() if k != "params"})  # what the optimizer wrote, as torch's
         for bucket in self.buckets:
             bucket.gather()
         self.zero_grad_shards()
@@ -276,6 +327,16 @@ class ZeroOptimizer(torch.optim.Optimizer):
         if not (isinstance(value, torch.Tensor) and value.shape == p.shape and (p.dim() > 0 or key != "step")):
             return value.clone() if isinstance(value, torch.Tensor) else value
         return padded_chunks(value, self.world_size)[self.rank].clone()
+
+
+def divide_factors(world_size: int, dtype: torch.dtype) -> tuple[float, float]:
+    """(pre, post): divide by pre before the sum over ranks and by post after, pre * post = world_size (FSDP2's rule)."""
+    if dtype in (torch.float32, torch.bfloat16):  # no overflow to fear: all of it after
+        return 1, world_size
+    pre = 1  # fp16 and the rest: a power of two near sqrt(world_size) before, the remainder after
+    while world_size % pre == 0 and world_size / pre > pre:
+        pre *= 2
+    return pre, world_size / pre
 
 
 def padded_chunks(t: torch.Tensor, world_size: int) -> torch.Tensor:

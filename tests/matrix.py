@@ -31,20 +31,36 @@ class Tied(nn.Module):
         return torch.sigmoid(self.out(torch.relu(self.down(h)))).squeeze(1)
 
 
+class WithExtra(nn.Linear):
+    """A linear layer with one parameter more, added to the rows routed to it (or never used)."""
+
+    def __init__(self, n: int, m: int, routed: bool):
+        super().__init__(n, m)
+        self.extra, self.routed = nn.Parameter(torch.randn(m)), routed
+
+    def forward(self, h, rows):
+        h = super().forward(h)
+        if self.routed and rows.any():  # only the ranks that hold a routed row use it
+            h = h + rows[:, None] * self.extra
+        return h
+
+
 class MLP(nn.Module):
     """Three layers; `frozen` freezes the first (fine-tuning), `skip_every` leaves the middle one out on those steps."""
 
-    def __init__(self, frozen: bool = False, skip_every: int = 0, aux: bool = False):
+    def __init__(self, frozen: bool = False, skip_every: int = 0, aux: bool = False, extra: str = ""):
         super().__init__()
         self.a, self.b, self.c = nn.Linear(FEATURES, 16), nn.Linear(16, 16), nn.Linear(16, 1)
         self.aux = nn.Linear(16, 3) if aux else None  # an output the loss ignores
-        self.skip_every = skip_every
+        self.skip_every, self.extra = skip_every, bool(extra)
         self.a.requires_grad_(not frozen)
+        if extra:  # b with a third parameter: never used, or added to the rows routed to it (x[:, 0] > 3)
+            self.b = WithExtra(16, 16, routed=extra == "routed")
 
     def forward(self, x, step=0):
         h = torch.relu(self.a(x))
         if not (self.skip_every and step % self.skip_every == 1):  # every rank skips the same steps
-            h = torch.relu(self.b(h))
+            h = torch.relu(self.b(h, x[:, 0] > 3) if self.extra else self.b(h))
         out = torch.sigmoid(self.c(h)).squeeze(1)
         return (out, self.aux(h)) if self.aux is not None else out
 
@@ -59,6 +75,8 @@ class Case:
     optimizer: tuple = (torch.optim.SGD, {"lr": 0.2, "momentum": 0.9})
     clip: float | None = None
     unused: bool = False  # a parameter without a gradient in some step: DDP needs find_unused_parameters
+    some_ranks: bool = False  # the unused parameter differs by rank: fully_shard must reduce zeros for it
+    not_for: tuple = ()  # strategies that cannot run the case (said why where it is listed)
 
 
 CASES = {
@@ -66,17 +84,28 @@ CASES = {
     "frozen parameters": Case(MLP, {"frozen": True}),
     "a parameter unused in some steps": Case(MLP, {"skip_every": 2}, unused=True),  # step 1: momentum must not move it
     "an unused forward output": Case(MLP, {"aux": True}, unused=True),
+    "an unused parameter inside a unit": Case(MLP, {"extra": "never"}, unused=True),
+    # routed rows: each global micro-batch's first row alone (rank 0's), so the other ranks leave b.extra unused;
+    # a hook per parameter, like DDP without find_unused_parameters, would start unmatched all-reduces
+    "a parameter some ranks do not use": Case(MLP, {"extra": "routed"}, unused=True, some_ranks=True,
+                                              not_for=("MiniDDP, a hook per parameter",)),
     "a short last batch": Case(MLP, steps=[[24], [12]]),
     "3 unequal micro-batches": Case(MLP, steps=[[36, 24, 12]] * 2),  # normalised by the step's sample count
     "AdamW with weight decay": Case(MLP, optimizer=(torch.optim.AdamW, {"lr": 0.02, "weight_decay": 0.1})),
     "clipping by the global norm": Case(MLP, clip=0.05),
 }
+if hasattr(torch.optim, "Adafactor"):  # torch >= 2.5: not elementwise (row and column statistics)
+    CASES["Adafactor, not elementwise"] = Case(MLP, optimizer=(torch.optim.Adafactor, {"lr": 0.02}))
 
 
 def batches(case: Case):
     """The global micro-batches of every step, the same on every rank (rank r takes its rows)."""
     gen = torch.Generator().manual_seed(11)
-    return [[(torch.randn(n, FEATURES, generator=gen), torch.rand(n, generator=gen)) for n in step] for step in case.steps]
+    steps = [[(torch.randn(n, FEATURES, generator=gen), torch.rand(n, generator=gen)) for n in step] for step in case.steps]
+    for x, _ in (pair for step in steps for pair in step):
+        x[:, 0].clamp_(max=2)
+        x[0, 0] = 4  # the one row routed (where the case routes)
+    return steps
 
 
 def model(case: Case, seed: int) -> nn.Module:
@@ -181,6 +210,8 @@ def fsdp2(case: Case, m: nn.Module) -> Parts:
     from dp_helpers.zero import fully_sharded
 
     sharded = fully_sharded(m)
+    if case.some_ranks:  # zeros for what a rank did not use: without it the ranks' reduce-scatters mismatch
+        sharded.set_reduce_scatter_unused_params(True)  # (on every step, so only where the case needs it)
     return Parts(sharded, plain_optimizer(case, sharded.parameters()))
 
 
@@ -218,7 +249,7 @@ def cell(info, strategy: str, case_name: str) -> dict:
 
 def every_cell(info) -> dict:
     """The whole matrix on this world size."""
-    return {(s, c): cell(info, s, c) for s in STRATEGIES for c in CASES}
+    return {(s, c): cell(info, s, c) for s in STRATEGIES for c in CASES if s not in CASES[c].not_for}
 
 
 def reference(case_name: str) -> dict:
