@@ -228,8 +228,10 @@ def _word_difference(got, want: str, what: str) -> str | None:
 def _number_difference(got, want: float, what: str, units: bool = True) -> str | None:
     if not _number(got):
         return tr("{what} is {got!r}; one number is asked", what=what, got=got)
-    if math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-9):
+    if math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-9) or _rounded_alike(got, want):
         return None
+    if math.isclose(got, want, rel_tol=1e-2) and _digits(got) < 3:
+        return tr("{what} is {got!r}: close, but give at least 3 significant digits", what=what, got=got)
     slip = next((words for factor, words in UNIT_SLIPS.items() if math.isclose(got, want * factor, rel_tol=1e-3)),
                 None) if units else None
     if slip:
@@ -237,12 +239,28 @@ def _number_difference(got, want: float, what: str, units: bool = True) -> str |
     return tr("{what} is {got!r}", what=what, got=got)
 
 
+def _digits(x: float) -> int:
+    """The significant digits x is written with (0.667: 3, 7.917: 4, 2.0: 1); 0 in exponent notation."""
+    text = repr(float(x)).lstrip("-")
+    if "e" in text:
+        return 0
+    return len(text.replace(".", "").lstrip("0").rstrip("0") or "0")
+
+
+def _rounded_alike(got: float, want: float) -> bool:
+    """Whether got is want rounded to the decimals got shows, with at least 3 significant digits (2/3 as 0.667)."""
+    if _digits(got) < 3 or isinstance(got, int):
+        return False
+    decimals = len(repr(float(got)).split(".")[1])
+    return math.isclose(round(want, decimals), got, rel_tol=0, abs_tol=10 ** -(decimals + 3))
+
+
 def _list_difference(got, want: list, what: str, units: bool = True) -> str | None:
     if not isinstance(got, list):
         return tr("{what} is {got!r}; a list of {n} values is asked", what=what, got=got, n=len(want))
     if len(got) != len(want):
         return tr("{what} has {n} values; {asked} are asked", what=what, n=len(got), asked=len(want))
-    return next(filter(None, (difference(g, w, tr("value {i} of {what}", i=i, what=what), units) for i, (g, w) in
+    return next(filter(None, (difference(g, w, tr("the value at index {i} of {what}", i=i, what=what), units) for i, (g, w) in
                               enumerate(zip(got, want, strict=True)))), None)
 
 
@@ -259,8 +277,9 @@ def _dict_difference(got, want: dict, what: str, units: bool = True) -> str | No
                               for k, v in want.items())), None)
 
 
-def compare_function(fn, reference, cases, describe, same=None) -> Verdict:
-    """Call fn and reference on every case; report the first case where they differ (`same` compares, default ==)."""
+def compare_function(fn, reference, cases, describe, same=None, mistakes=()) -> Verdict:
+    """Call fn and reference on every case; report the first case where they differ (`same` compares, default ==),
+    naming the slip when fn gives what one of `mistakes` (function, words) gives."""
     for args in cases:
         try:
             got = fn(*args)
@@ -274,6 +293,9 @@ def compare_function(fn, reference, cases, describe, same=None) -> Verdict:
                                      case=describe(args)))
         want = reference(*args)
         if not (same or _same)(got, want):
+            slip = next((words for mistake, words in mistakes if (same or _same)(got, mistake(*args))), None)
+            if slip:
+                return verdict(False, tr("for {case}: {slip}.", case=describe(args), slip=tr(slip)))
             return verdict(False, tr("for {case} expected {want!r}, got {got!r}.", case=describe(args),
                                      want=_shown(want), got=_shown(got)))
     return verdict(True, tr("{n} cases agree with the reference.", n=len(cases)))
@@ -375,7 +397,9 @@ def check_low_rank(fn) -> Verdict:
         torch.allclose(got, want, rtol=1e-4, atol=1e-5))  # any orthonormalisation (QR too) gives the same picture
     return compare_function(fn, low_rank_step, cases, lambda a: tr("a {n} x {k} matrix M and a {k} x {r} Q",
                                                                    n=a[0].shape[0], k=a[0].shape[1], r=a[1].shape[1]),
-                            same=close)
+                            same=close, mistakes=[(lambda m, q: (m @ q) @ (m.T @ (m @ q)).T, tr_later(
+                                "your function gives P (M^T P)^T with P = M Q as it is: orthonormalise P's columns "
+                                "(compression.orthogonalize, or torch.linalg.qr) before Q = M^T P"))])
 
 
 class RecordingNoSync:

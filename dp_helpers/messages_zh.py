@@ -39,7 +39,11 @@ MESSAGES: dict[str, str] = {
     "{what} is {got!r}: that looks like {slip}": "{what}是 {got!r}：看起来单位弄错了，{slip}",
     "{what} is {got!r}; a list of {n} values is asked": "{what}是 {got!r}，但这里要的是包含 {n} 个值的列表",
     "{what} has {n} values; {asked} are asked": "{what}有 {n} 个值，但这里要的是 {asked} 个",
-    "value {i} of {what}": "{what}中下标为 {i} 的值",
+    "the value at index {i} of {what}": "{what}中下标为 {i} 的值",
+    "{what} is {got!r}: close, but give at least 3 significant digits": "{what}是 {got!r}：很接近，但请至少给出 3 位有效数字",
+    "for {case}: {slip}.": "对于 {case}：{slip}。",
+    "your function gives P (M^T P)^T with P = M Q as it is: orthonormalise P's columns (compression.orthogonalize, or torch.linalg.qr) before Q = M^T P":
+        "你的函数直接用 P = M Q 算出了 P (M^T P)^T：在计算 Q = M^T P 之前，先把 P 的各列正交归一化（compression.orthogonalize 或 torch.linalg.qr）",
     "{what} is {got!r}; a dict with the keys {keys} is asked": "{what}是 {got!r}，但这里要的是以 {keys} 为键的 dict",
     "{what} has the keys {given}; the keys {keys} are asked": "{what}的键是 {given}，但这里要的键是 {keys}",
     "your function still raises NotImplementedError: write its body.":

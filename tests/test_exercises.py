@@ -186,7 +186,7 @@ def test_natural_answers_are_accepted(got, want):
 @pytest.mark.parametrize("got, want, words", [
     (4, [4, 4, 4, 4, 1], "a list of 5 values is asked"),
     ([4, 4], [4, 4, 1], "has 2 values; 3 are asked"),
-    ([4, 4, 2], [4, 4, 1], "value 2 of your answer is 2"),
+    ([4, 4, 2], [4, 4, 1], "the value at index 2 of your answer is 2"),
     (166.893, 175.0, "MiB where MB (10^6 bytes) are asked"),
     (5.5e9, 5.5, "bytes where GB are asked"),
     ({"ring": 175.0}, {"ring": 175.0, "naive": 700.0}, "the keys ['naive', 'ring'] are asked"),
@@ -320,3 +320,26 @@ def test_the_atomic_save_checker_crashes_a_save_and_names_each_mistake(wrong, wo
     assert ex.check_atomic_save(atomic_save) and not ex.check_atomic_save(wrong)
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("correct") and words in out[1]
+
+
+def test_a_rounded_answer_is_right_at_the_precision_it_shows():
+    from dp_helpers.exercises import difference
+
+    for shown, value in ((0.667, 2 / 3), (0.6667, 2 / 3), (7.917, 95 / 12), (7.92, 95 / 12)):
+        assert difference(shown, value) is None, shown
+    assert "3 significant digits" in difference(0.67, 2 / 3)
+    for wrong in (0.668, 0.7, 7.9):
+        assert difference(wrong, 95 / 12 if wrong > 1 else 2 / 3) is not None, wrong
+
+
+def test_a_list_answer_names_the_index_that_differs():
+    from dp_helpers.exercises import difference
+
+    assert difference([0, 1, 2, 3, 5], [0, 1, 2, 3, 4]) == "the value at index 4 of your answer is 5"
+
+
+def test_low_rank_checker_names_a_p_left_unorthonormalised(capsys):
+    from dp_helpers.exercises import check_low_rank
+
+    assert not check_low_rank(lambda m, q: (m @ q) @ (m.T @ (m @ q)).T)
+    assert "orthonormalise P's columns" in capsys.readouterr().out

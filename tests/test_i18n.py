@@ -101,7 +101,7 @@ def test_a_checker_speaks_chinese_under_zh_cn_and_english_under_en(language, cap
         "还不对：对于 numel=1, world_size=2, rank=0，应得到 (0, 1)，实际得到 (0, 0)。",
         "还不对：你的答案中下标为 4 的值是 2；请对照本笔记本中的规则再试一次。",
         "not yet: for numel=1, world_size=2, rank=0 expected (0, 1), got (0, 0).",
-        "not yet: value 4 of your answer is 2; recheck the rule in this notebook and try again.",
+        "not yet: the value at index 4 of your answer is 2; recheck the rule in this notebook and try again.",
     ]
 
 
