@@ -278,8 +278,7 @@ def _dict_difference(got, want: dict, what: str, units: bool = True) -> str | No
 
 
 def compare_function(fn, reference, cases, describe, same=None, mistakes=()) -> Verdict:
-    """Call fn and reference on every case; report the first case where they differ (`same` compares, default ==),
-    naming the slip when fn gives what one of `mistakes` (function, words) gives."""
+    """fn against reference on every case (`same` compares, default ==); names a slip of `mistakes` (function, words)."""
     for args in cases:
         try:
             got = fn(*args)

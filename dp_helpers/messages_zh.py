@@ -40,6 +40,8 @@ MESSAGES: dict[str, str] = {
     "{what} is {got!r}; a list of {n} values is asked": "{what}是 {got!r}，但这里要的是包含 {n} 个值的列表",
     "{what} has {n} values; {asked} are asked": "{what}有 {n} 个值，但这里要的是 {asked} 个",
     "the value at index {i} of {what}": "{what}中下标为 {i} 的值",
+    "on {world_size} ranks your ring_all_gather returned without waiting for its messages: dist.isend and dist.irecv only start a transfer; call .wait() on each handle they return before you read the piece received or send it on {logs}.":
+        "在 {world_size} 个 rank 上，你的 ring_all_gather 没有等消息到达就返回了：dist.isend 和 dist.irecv 只是启动一次传输；在读取收到的那一块、或把它继续发出去之前，要对它们返回的每个句柄调用 .wait() {logs}。",
     "{what} is {got!r}: close, but give at least 3 significant digits": "{what}是 {got!r}：很接近，但请至少给出 3 位有效数字",
     "for {case}: {slip}.": "对于 {case}：{slip}。",
     "your function gives P (M^T P)^T with P = M Q as it is: orthonormalise P's columns (compression.orthogonalize, or torch.linalg.qr) before Q = M^T P":

@@ -648,6 +648,10 @@ def piece_problem(case: dict, world_size: int) -> str | None:
 def message_problem(failure: str, world_size: int) -> str:
     """A failed ring all-gather's sentence, with what hangs and aborts mean for messages."""
     logs = failure[failure.rfind(tr(LOGS_OPENING)):]
+    if "never waited on" in failure:
+        return tr("on {world_size} ranks your ring_all_gather returned without waiting for its messages: dist.isend "
+                  "and dist.irecv only start a transfer; call .wait() on each handle they return before you read the "
+                  "piece received or send it on {logs}.", world_size=world_size, logs=logs)
     if "waited" in failure or tr(WAITED) in failure or "timed out" in failure:
         return tr("on {world_size} ranks a rank waited {timeout_s:g} s for a message that never came (a hang): if "
                   "every rank first blocks in recv (or send), nobody sends; post the receive and the send together "

@@ -323,3 +323,11 @@ def test_a_hang_and_an_abort_in_the_ring_are_explained():
     assert sc.message_problem(hang, 3).endswith("(every rank's output: x/console.log).")
     abort = "on 3 ranks, rank 0 raised Fatal Python error: Aborted (every rank's output: x/console.log)."
     assert "differs from its receive buffer" in sc.message_problem(abort, 3)
+
+
+@pytest.mark.slow
+def test_a_ring_all_gather_that_never_waits_is_told_to_wait(tmp_path, capsys):
+    path = tmp_path / "my_all_gather.py"
+    path.write_text(RING.replace("        incoming.wait()\n        outgoing.wait()\n", ""))
+    assert not sc.check_my_all_gather(path)
+    assert "call .wait() on each handle" in capsys.readouterr().out

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 import torch
+import torch.distributed as dist
 
 from dp_helpers import dist as dph
 from dp_helpers.scripts.my_zero1_check import count_calls, load
@@ -32,10 +33,41 @@ def whose(result: torch.Tensor, shape, dtype, world_size: int) -> list[int | Non
     return [next((r for r in range(world_size) if torch.equal(p, tensor_of(r, shape, dtype))), None) for p in pieces]
 
 
-def one_case(fn, shape, dtype, info: dph.DistInfo, calls: list) -> dict:
+class Handle:
+    """What dist.isend and dist.irecv return, noting whether the learner waited on it."""
+
+    def __init__(self, work):
+        self.work, self.waited = work, False
+
+    def wait(self, *args, **kwargs):
+        self.waited = True
+        return self.work.wait(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.work, name)
+
+
+def note_waits(handles: list) -> None:
+    """Have dist.isend and dist.irecv hand out Handles, each kept in `handles`."""
+    for name in ("isend", "irecv"):
+        original = getattr(dist, name)
+
+        def noted(*args, _original=original, **kwargs):
+            """The original's work, as a Handle."""
+            handles.append(Handle(_original(*args, **kwargs)))
+            return handles[-1]
+
+        setattr(dist, name, noted)
+
+
+def one_case(fn, shape, dtype, info: dph.DistInfo, calls: list, handles: list) -> dict:
     """The learner's all-gather of one input: its calls, the bytes sent, the result's shape and pieces."""
-    del calls[:]
+    del calls[:], handles[:]
     result = fn(tensor_of(info.rank, shape, dtype))
+    unwaited = sum(not h.waited for h in handles)
+    if unwaited:  # the result may be read before its pieces arrive: say so, rather than whatever follows from it
+        raise RuntimeError(f"ring_all_gather returned with {unwaited} of its {len(handles)} isend/irecv handles "
+                           "never waited on")
     sent = sum(c["values"] * torch.empty((), dtype=dtype).element_size() for c in calls if "send" in c["name"])
     return {"shape": list(shape), "dtype": str(dtype), "calls": [dict(c) for c in calls], "bytes": sent,
             "mine": torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size(),
@@ -49,9 +81,11 @@ def main(info: dph.DistInfo) -> None:
     parser.add_argument("--module", required=True)
     args = parser.parse_args()
     calls: list[dict] = []
+    handles: list[Handle] = []
     count_calls(calls, CALLED)
+    note_waits(handles)
     fn = load(args.module, "my_all_gather", "ring_all_gather")
-    record = [one_case(fn, shape, dtype, info, calls) for shape, dtype in CASES]
+    record = [one_case(fn, shape, dtype, info, calls, handles) for shape, dtype in CASES]
     dph.gather_to_file(info, record, "my_all_gather.json")
 
 
