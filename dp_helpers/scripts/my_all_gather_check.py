@@ -40,10 +40,12 @@ class Handle:
         self.work, self.waited = work, False
 
     def wait(self, *args, **kwargs):
+        """The work's wait, noted."""
         self.waited = True
         return self.work.wait(*args, **kwargs)
 
     def __getattr__(self, name):
+        """Anything else of the work's (is_completed, ...)."""
         return getattr(self.work, name)
 
 
