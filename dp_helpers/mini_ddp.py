@@ -66,7 +66,7 @@ class HookAllReduce(nn.Module):
 
     @contextlib.contextmanager
     def no_sync(self):
-        """Gradients accumulate locally inside; the next backward outside all-reduces the whole sum."""
+        """Gradients accumulate locally inside; the next backward outside reduces the whole sum."""
         self.sync = False
         try:
             yield

@@ -42,6 +42,11 @@ def activation_bytes(model: nn.Module, inputs: torch.Tensor) -> int:
     return storage_bytes(t for t in saved if t.untyped_storage().data_ptr() not in weights)
 
 
+def needing_grad(tree) -> list[torch.Tensor]:
+    """The tensors in a nest of lists, tuples and dicts (a module's inputs or outputs) that take part in autograd."""
+    return [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
 def local(t: torch.Tensor | None) -> torch.Tensor | None:
     """A DTensor's local shard (FSDP2's parameters, gradients and Adam state), any other tensor itself."""
     return t.to_local() if hasattr(t, "to_local") else t
@@ -205,13 +210,13 @@ class Unit:
     def before_forward(self, module, args) -> None:
         """Gather the parameters; a backward reaching the inputs later means this module's backward is over."""
         self.gather()
-        inputs = [t for t in tree_leaves(args) if isinstance(t, torch.Tensor) and t.requires_grad]
+        inputs = needing_grad(args)
         if inputs:  # FSDP2's post-backward: once the inputs' gradients exist, so do the parameters'
             torch.autograd.graph.register_multi_grad_hook(inputs, lambda grads: self.owner.post_backward(self))
 
     def after_forward(self, module, args, out):
         """Free the parameters; gather them again just before this module's backward needs them."""
-        needed = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
+        needed = needing_grad(out)
         if not needed:  # no backward will come (no_grad, eval): nothing keeps the parameters
             self.release()
             return

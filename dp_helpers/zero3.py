@@ -32,10 +32,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
-from torch.utils._pytree import tree_leaves
 
 from .mini_ddp import broadcast_state, engine_callback, let_go
-from .zero import all_gather_flat
+from .zero import all_gather_flat, needing_grad
 from .zero_optim import Bucket, clip_chunks_, refuse_not_elementwise, used_anywhere
 
 STEP_CHECK = []  # the one optimizer step pre-hook of this process that checks what steps Zero3Module shards
@@ -151,7 +150,7 @@ class Zero3Module(nn.Module):
             self.order.append(unit)
         unit.gather()
         self.prefetch(unit, +1)
-        inputs = [t for t in tree_leaves(args) if isinstance(t, torch.Tensor) and t.requires_grad]
+        inputs = needing_grad(args)
         if inputs:  # once the gradient reaches the inputs, the module's backward is over (FSDP2's post-backward)
             torch.autograd.graph.register_multi_grad_hook(inputs, lambda grads: self.post_backward(unit))
 
@@ -164,7 +163,7 @@ class Zero3Module(nn.Module):
     def after_forward(self, unit: Unit, out) -> None:
         """Free the unit; gather it again (prefetching the previous one) just before its backward needs it."""
         unit.release()
-        needed = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
+        needed = needing_grad(out)
         if needed:
             self.waiting.append(unit)  # its gradients are to be reduced, at its post-backward or the backward's end
         for t in needed:

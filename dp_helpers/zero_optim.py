@@ -26,14 +26,13 @@ Taught in notebook 08 (its ZeroAdam is the same idea around Adam alone); it runs
 
 from __future__ import annotations
 
-import contextlib
 import gc
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from .mini_ddp import assign_buckets, ddp_caps, engine_callback, let_go
+from .mini_ddp import HookAllReduce, assign_buckets, ddp_caps, engine_callback, let_go
 from .zero import all_gather_flat, padded, reduce_scatter_flat
 
 # torch's optimizers whose update of an element reads that element's gradient and state alone (and the step count):
@@ -117,7 +116,7 @@ class Bucket:
             self.had_grad |= {p for p in self.params if p.grad is not None}
             self.full_grad = self.layout([torch.zeros_like(p) if p.grad is None else p.grad for p in self.params],
                                          self.grad_dtype)
-        pre, self.post = divide_factors(self.world_size, self.grad_dtype)
+        pre, _ = divide_factors(self.world_size, self.grad_dtype)
         if pre != 1:  # fp16: part of the division before the sum, so that the sum cannot overflow (FSDP2's split)
             self.full_grad.div_(pre)
         self.mine = torch.empty(sum(self.sizes), dtype=self.grad_dtype, device=self.buffer.device)
@@ -131,7 +130,8 @@ class Bucket:
             return
         if self.work is not None:
             self.work.wait()
-        for shard, mean in zip(self.shards, self.chunks_of(self.mine.div_(self.post)), strict=True):
+        _, post = divide_factors(self.world_size, self.grad_dtype)  # the rest of the division, after the sum
+        for shard, mean in zip(self.shards, self.chunks_of(self.mine.div_(post)), strict=True):
             mean = mean.to(shard.dtype)  # reduced in grad_dtype, kept in the shard's (fp32 master) dtype
             shard.grad = mean.clone() if shard.grad is None else shard.grad.add_(mean)  # / world_size: as DDP
         self.sending, self.ready, self.work, self.mine = None, set(), None, None
@@ -187,14 +187,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         for key, value in self.inner.param_groups[-1].items():  # the inner class's defaults (betas, eps, ...)
             group.setdefault(key, value)
 
-    @contextlib.contextmanager
-    def no_sync(self):
-        """Backwards inside only accumulate into .grad, as under DDP's no_sync: stage 2 reduces at the next one outside."""
-        self.sync = False
-        try:
-            yield
-        finally:
-            self.sync = True
+    no_sync = HookAllReduce.no_sync  # the same switch: stage 2's hook leaves gradients in .grad while sync is off
 
     @property
     def sent(self) -> dict:
