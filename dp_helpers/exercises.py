@@ -524,17 +524,20 @@ class ThreadRanks:
         return results
 
 
-def _scored_run(fn, samples: int, world_size: int) -> tuple[list, list[int], torch.Tensor]:
-    """Run fn as world_size thread ranks over random losses: each rank's result, the indices scored, the losses."""
+def _scored_run(fn, samples: int, world_size: int) -> tuple[list, list[tuple[int, int]], torch.Tensor]:
+    """Run fn as world_size thread ranks over random losses: each rank's result, the (rank, index) scored, the losses."""
     losses = torch.rand(samples, generator=torch.Generator().manual_seed(samples * 10 + world_size), dtype=torch.float64)
     scored, lock = [], threading.Lock()
 
-    def score(i: int) -> float:
-        """Sample i's loss, noting that it was scored."""
-        with lock:
-            scored.append(int(i))
-        return losses[int(i)].item()
-    got = ThreadRanks(world_size).run(lambda rank, all_reduce: fn(samples, score, rank, world_size, all_reduce))
+    def scorer(rank: int):
+        """Rank's score function: sample i's loss, noting who scored it."""
+        def score(i: int) -> float:
+            """Sample i's loss, noting that it was scored."""
+            with lock:
+                scored.append((rank, int(i)))
+            return losses[int(i)].item()
+        return score
+    got = ThreadRanks(world_size).run(lambda rank, all_reduce: fn(samples, scorer(rank), rank, world_size, all_reduce))
     return got, scored, losses
 
 
@@ -551,11 +554,15 @@ def _exact_eval_problem(fn, samples: int, world_size: int) -> str | None:
     if errors:
         return tr("{case} the ranks did not all call all_reduce the same number of times (one waited for the "
                   "others): every rank calls every collective, even a rank with no samples.", case=case)
-    return _coverage_problem(case, collections.Counter(scored), samples) or _mean_problem(case, got, losses)
+    counts = collections.Counter(i for _, i in scored)
+    return _coverage_problem(case, counts, samples, world_size) or _mean_problem(case, got, losses, scored)
 
 
-def _coverage_problem(case: str, counts: collections.Counter, samples: int) -> str | None:
+def _coverage_problem(case: str, counts: collections.Counter, samples: int, world_size: int) -> str | None:
     """Samples scored twice or never, in one sentence, or None."""
+    if world_size > 1 and set(counts) == set(range(samples)) and set(counts.values()) == {world_size}:
+        return tr("{case} every rank scored every sample ({world_size} times each): give rank r only the samples "
+                  "r, r + W, r + 2W, ...", case=case, world_size=world_size)
     twice = sorted(i for i, c in counts.items() if c > 1)
     if twice:
         return tr("{case} samples {twice} were scored more than once (padding, as DistributedSampler does?): give "
@@ -565,16 +572,44 @@ def _coverage_problem(case: str, counts: collections.Counter, samples: int) -> s
               case=case, missing=missing[:6]) if missing else None
 
 
-def _mean_problem(case: str, got: list, losses: torch.Tensor) -> str | None:
-    """The first rank whose result is not the mean over every sample, in one sentence, or None."""
+# What a rank's wrong result matches, from the shards' sums and counts, and the mistake each one names.
+MEAN_MISTAKES = {
+    "local": tr_later("it is this rank's own mean: all-reduce the sum and the count, then divide"),
+    "local_count": tr_later("it is the all-reduced sum divided by this rank's own count: all-reduce the count too"),
+    "means": tr_later("it is the mean of the per-rank means, which weighs a short shard like a full one: "
+                      "all-reduce the sums and the counts, then divide once"),
+    "equal_counts": tr_later("it is the sum divided by world_size times this rank's count, as if every shard were as "
+                             "long: all-reduce the counts instead"),
+    "sum": tr_later("it is the all-reduced sum, never divided: divide it by the all-reduced count"),
+}
+
+
+def _mean_candidates(rank: int, losses: torch.Tensor, scored: list[tuple[int, int]], world_size: int) -> dict:
+    """The values rank would return under each mistake in MEAN_MISTAKES."""
+    sums, counts = [0.0] * world_size, [0] * world_size
+    for r, i in scored:
+        sums[r] += losses[i].item()
+        counts[r] += 1
+    total = sum(sums)
+    means = [s / c if c else 0.0 for s, c in zip(sums, counts, strict=True)]
+    return {"local": means[rank], "local_count": total / counts[rank] if counts[rank] else math.inf,
+            "means": sum(means) / world_size, "equal_counts": total / (world_size * counts[rank]) if counts[rank]
+            else math.inf, "sum": total}
+
+
+def _mean_problem(case: str, got: list, losses: torch.Tensor, scored: list[tuple[int, int]]) -> str | None:
+    """The first rank whose result is not the mean over every sample, and the mistake it matches, or None."""
     want = losses.mean().item()
     wrong = [(r, g) for r, g in enumerate(got) if not (_number(_plain(g)) and abs(_plain(g) - want) <= 1e-6)]
     if not wrong:
         return None
     rank, value = wrong[0]
-    return tr("{case} rank {rank} returned {value!r}, the mean over all samples is {want:.6f}: all-reduce the sums "
-              "and the counts, then divide once (a mean of per-rank means weighs a short shard like a full one).",
-              case=case, rank=rank, value=_shown(value), want=want)
+    value = _plain(value)
+    candidates = _mean_candidates(rank, losses, scored, len(got)) if _number(value) else {}
+    mistake = next((k for k, v in candidates.items() if abs(v - want) > 1e-9 and abs(value - v) <= 1e-6), None)
+    why = tr(MEAN_MISTAKES[mistake]) if mistake else tr("all-reduce the sums and the counts, then divide once")
+    return tr("{case} rank {rank} returned {value!r}, the mean over all samples is {want:.6f}: {why}.",
+              case=case, rank=rank, value=_shown(value), want=want, why=why)
 
 
 def check_exact_eval(fn) -> Verdict:

@@ -6,6 +6,10 @@ reduce-scatter the gradients within the shard group (S ranks), all-reduce the ch
 step the chunk, all-gather it within the shard group. The traffic that crosses groups — often machines — is one
 chunk, 1/S of the gradients. The layout is the one torch's `init_device_mesh(device, (R, S), mesh_dim_names=
 ("replicate", "shard"))` builds, and `fully_shard(model, mesh=mesh)` on that mesh is torch's HSDP.
+`HybridZeroAdam` supports any model whose trained parameters share one dtype and device (an unused parameter sends
+zeros), with Adam's keyword arguments; it refuses a shard size that does not divide the world size and parameters
+of mixed dtypes or devices (one flat buffer). Adam only: no other optimizer, no clipping, no accumulation switch.
+Notebook 10 teaches it.
 """
 
 from __future__ import annotations

@@ -10,6 +10,9 @@ Both send the parameters once per H steps, 1/H of DDP's gradients; `sent` counts
 They run inside a process group, on a plain (not DDP-wrapped) model; every rank must take the same number of steps,
 and steps after the last average stay each rank's own. They average every trained parameter, so a parameter some
 ranks leave unused is fine. Buffers (BatchNorm's statistics) and frozen parameters are not averaged.
+Supports: any model and any inner optimizer (its state is never averaged), parameters on one device (mixed dtypes
+are averaged in the dtype torch.cat promotes them to). Refuses: period < 1, warmup_steps < 0. Not handled: ranks that take different numbers of
+steps (their all-reduces no longer match), a DDP-wrapped model (its own all-reduce would average every step).
 Notebook 10 teaches both.
 """
 

@@ -96,10 +96,24 @@ MESSAGES: dict[str, str] = {
          "rank r 只应处理样本 r, r + W, r + 2W, ...，不能再多。"),
     "{case} samples {missing} were never scored: together the ranks must score every sample once.":
         "{case}，样本 {missing} 从未被评估：所有 rank 合起来必须把每个样本恰好评估一次。",
-    ("{case} rank {rank} returned {value!r}, the mean over all samples is {want:.6f}: all-reduce the sums and the "
-     "counts, then divide once (a mean of per-rank means weighs a short shard like a full one)."):
-        ("{case}，rank {rank} 返回了 {value!r}，而全部样本的平均值是 {want:.6f}：先对总和与计数做全归约，"
-         "再只除一次（对各 rank 的平均值再求平均，会把较短的分片和完整的分片同等对待）。"),
+    "{case} rank {rank} returned {value!r}, the mean over all samples is {want:.6f}: {why}.":
+        "{case}，rank {rank} 返回了 {value!r}，而全部样本的平均值是 {want:.6f}：{why}。",
+    "all-reduce the sums and the counts, then divide once": "先对总和与计数做全归约，再只除一次",
+    "it is this rank's own mean: all-reduce the sum and the count, then divide":
+        "这是本 rank 自己的平均值：先对总和与计数做全归约，再相除",
+    "it is the all-reduced sum divided by this rank's own count: all-reduce the count too":
+        "这是全归约后的总和除以本 rank 自己的计数：计数也要做全归约",
+    ("it is the mean of the per-rank means, which weighs a short shard like a full one: all-reduce the sums and the "
+     "counts, then divide once"):
+        "这是各 rank 平均值的平均值，它把较短的分片和完整的分片同等对待：先对总和与计数做全归约，再只除一次",
+    ("it is the sum divided by world_size times this rank's count, as if every shard were as long: all-reduce the "
+     "counts instead"):
+        "这是总和除以 world_size 乘本 rank 的计数，仿佛每个分片都一样长：应当对计数做全归约",
+    "it is the all-reduced sum, never divided: divide it by the all-reduced count":
+        "这是全归约后的总和，还没有除：要除以全归约后的计数",
+    ("{case} every rank scored every sample ({world_size} times each): give rank r only the samples r, r + W, "
+     "r + 2W, ..."):
+        "{case}，每个 rank 都评估了全部样本（每个样本 {world_size} 次）：rank r 只应处理样本 r, r + W, r + 2W, ...",
     "every sample scored once, on 1 to 4 ranks with even and uneven shards, and every rank returns the exact mean.":
         "在 1 到 4 个 rank 上，无论分片均匀与否，每个样本都恰好评估一次，而且每个 rank 都返回了精确的平均值。",
     "after fn(state, {name!r}) there is no file {name!r}: save the state at that path.":

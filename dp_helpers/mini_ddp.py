@@ -8,6 +8,10 @@
 5. `MiniDDP(find_unused_parameters=True)`: `unreached` walks the forward's graph, and the parameters it misses
    (or the backward never reached) are marked ready contributing zeros, so every bucket is still all-reduced;
    a parameter no rank used keeps its `.grad`, as with DDP.
+Supports: any module whose trained parameters share one device and dtype, `no_sync()` for accumulation, buckets of
+any cap. Refuses: a module with no trainable parameter (as torch's DDP), mixed dtypes or devices, a parameter
+marked ready twice in one backward, a bucket left unreduced (an unused parameter without find_unused_parameters).
+Not built: broadcast_buffers each step, static_graph, gradient_as_bucket_view, communication hooks.
 All run inside a process group (a script under torchrun, or a test's rank pool).
 """
 

@@ -267,9 +267,24 @@ def skips_when_empty(samples, score, rank, world_size, all_reduce):
     return exact_mean(samples, score, rank, world_size, all_reduce)
 
 
-@pytest.mark.parametrize("wrong, words", [(padded_mean, "scored more than once"), (mean_of_means, "divide once"),
+def over_own_count(samples, score, rank, world_size, all_reduce):
+    mine = range(rank, samples, world_size)
+    total = torch.tensor([sum(score(i) for i in mine)], dtype=torch.float64)
+    all_reduce(total)
+    return total.item() / max(len(mine), 1)
+
+
+def over_equal_counts(samples, score, rank, world_size, all_reduce):
+    mine = range(rank, samples, world_size)
+    total = torch.tensor([sum(score(i) for i in mine)], dtype=torch.float64)
+    all_reduce(total)
+    return total.item() / (world_size * max(len(mine), 1))
+
+
+@pytest.mark.parametrize("wrong, words", [(padded_mean, "scored more than once"), (mean_of_means, "per-rank means"),
+                                          (over_own_count, "own count"), (over_equal_counts, "as if every shard"),
                                           (skips_when_empty, "every rank calls every collective"),
-                                          (lambda n, s, r, w, a: sum(map(s, range(n))) / n, "[0, 1, 2"),
+                                          (lambda n, s, r, w, a: sum(map(s, range(n))) / n, "every rank scored every"),
                                           (not_written, "NotImplementedError")])
 def test_the_exact_evaluation_checker_runs_ranks_and_names_each_mistake(wrong, words, capsys):
     assert ex.check_exact_eval(exact_mean) and not ex.check_exact_eval(wrong)
