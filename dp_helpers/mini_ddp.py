@@ -198,7 +198,7 @@ class MiniDDP(AsyncAllReduce):
         self.names = {p: name for name, p in module.named_parameters()}  # for messages
         groups = assign_buckets([p.numel() * p.element_size() for p in self.params], self.caps)
         self.make_buckets([[self.params[i] for i in group] for group in reversed(groups)])  # DDP's first guess
-        self.rebuilt = find_unused_parameters  # DDP never rebuilds with find_unused_parameters=True
+        self.rebuilt = find_unused_parameters  # find_unused: never rebuilt (DDP, without static_graph)
 
     def make_buckets(self, groups: list[list[nn.Parameter]]) -> None:
         """Buckets for these groups of parameters, all-reduced in this order."""

@@ -7,6 +7,8 @@ import warnings
 from collections import defaultdict
 from pathlib import Path
 
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
+
 from .checks import UsageError
 from .metrics import read_metrics
 
@@ -145,7 +147,10 @@ def plot_chunks(sizes_by_rule: dict[str, list[int]], ax=None):
         ax.bar_label(bars, fontsize="small")
     ax.set_xticks([d + 0.4 - width / 2 for d in range(n)], [f"dev {d}" for d in range(n)])
     ax.set_ylabel("rows")
-    ax.legend(fontsize="small")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # a row count has no halves
+    top = max(max(sizes) for sizes in sizes_by_rule.values())
+    ax.set_ylim(0, 1.45 * top + 0.5)  # headroom, so that the legend sits above the bars, not on them
+    ax.legend(fontsize="small", loc="upper center", ncol=len(sizes_by_rule), frameon=False)
     return ax
 
 
@@ -235,22 +240,24 @@ def plot_backward_timeline(events: list[dict], ax=None):
         ax.barh(0, 1e3 * max(e["start"] for e in ready), left=0, color="lightgray", height=0.6)
     layers = defaultdict(list)  # a layer's weight and bias are ready within microseconds: one label for both
     for e in ready:
-        ax.plot([1e3 * e["start"]] * 2, [0.6, 1.4], color="C0")
+        ax.plot([1e3 * e["start"]] * 2, [0.7, 1.3], color="C0")
         layers[e["name"].replace("layer ", "L").split(".")[0]].append(1e3 * e["start"])
-    for i, (layer, times) in enumerate(layers.items()):
-        ax.text(sum(times) / len(times), 0.55 if i % 2 else 1.45, f"layer {layer}", ha="center",
-                va="bottom" if i % 2 else "top", fontsize="x-small", color="C0")
+    named = list(layers.items())
+    for (name, times), ha in zip([named[0], named[-1]] if len(named) > 1 else named, ("left", "right"), strict=False):
+        ax.text(min(times), 1.35, f"layer {name}", ha=ha, va="top", fontsize="x-small", color="C0")  # ends only
     for row, e in enumerate(buckets, start=2):
         ax.barh(row, 1e3 * (e["end"] - e["start"]), left=1e3 * e["start"], color="C1", height=0.6)
         ax.text(1e3 * e["end"], row, f" {_size(e['bytes'])}", va="center", fontsize="x-small")
     done = [e["start"] for e in events if e["kind"] == "backward done"]
-    if done:  # labelled at the top rather than in a legend, which would hide the last bars
+    last = max([1e3 * e["end"] for e in buckets] + [1e3 * t for t in done] + [1e3 * e["start"] for e in ready] + [1e-3])
+    ax.set_xlim(0, 1.12 * last)  # room for the size labels at the bars' ends
+    if done:  # labelled beside the line, inside the axes, rather than in a legend that would hide the last bars
         ax.axvline(1e3 * done[0], color="gray", linestyle=":")
-        ax.text(1e3 * done[0], -0.6, "backward returns ", ha="right", va="bottom", fontsize="x-small", color="gray")
+        ax.text(1e3 * done[0], 0, " backward\n returns", ha="left", va="center", fontsize="x-small", color="gray")
     ax.set_yticks(range(len(buckets) + 2), ["backward (compute)", "gradients ready"] + [e["name"] for e in buckets])
     ax.invert_yaxis()
     ax.set_xlabel("ms since the backward started (an all-reduce's bar: launched to completed, waiting included)")
-    ax.set_title("computation (top) and bucket all-reduces (bars) overlap")
+    ax.set_title("each all-reduce is launched while the backward still computes")
     return ax
 
 
@@ -401,25 +408,29 @@ ZERO_STAGES = [  # what a rank keeps of parameters, gradients and optimizer stat
 def plot_zero_stages(world_size: int = 4, ax=None):
     """What each rank holds and sends per ZeRO stage (fp32 Adam: 4 + 4 + 8 bytes per parameter); returns the Axes."""
     ax = _get_ax(ax)
-    parts = ("parameters", "gradients", "optimizer state")
+    parts = (("parameters", 4), ("gradients", 4), ("optimizer state", 8))  # bytes per parameter: a bar's height
+    unit = 0.6 / sum(size for _, size in parts) / 1.1  # a bar's height per byte, with gaps between the bars
     for row, (name, sharded, held, sent) in enumerate(ZERO_STAGES):
-        y = len(ZERO_STAGES) - 1 - row
-        for rank in range(world_size):
-            for k, (part, shard) in enumerate(zip(parts, sharded, strict=True)):
+        y = len(ZERO_STAGES) - 1 - row + 0.3  # top of this stage's stack
+        for k, ((part, size), shard) in enumerate(zip(parts, sharded, strict=True)):
+            height = size * unit
+            y -= height / 2
+            for rank in range(world_size):
                 left, width = (rank + 0.9 * rank / world_size, 0.9 / world_size) if shard else (rank, 0.9)
-                ax.barh(y + 0.22 * (1 - k), 0.9, left=rank, height=0.18, color="none", edgecolor="lightgray")
-                ax.barh(y + 0.22 * (1 - k), width, left=left if shard else rank, height=0.18, color=f"C{k}",
-                        label=part if (row, rank) == (0, 0) else None)
-        ax.text(-0.1, y, f"{name}\n{held}", ha="right", va="center", fontsize="small")
-        ax.text(world_size + 0.05, y, sent, ha="left", va="center", fontsize="x-small")
+                ax.barh(y, 0.9, left=rank, height=height, color="none", edgecolor="lightgray")
+                ax.barh(y, width, left=left, height=height, color=f"C{k}",
+                        label=f"{part} ({size} B each)" if (row, rank) == (0, 0) else None)
+            y -= height / 2 + 0.1 * unit * 4
+        ax.text(-0.1, len(ZERO_STAGES) - 1 - row, f"{name}\n{held}", ha="right", va="center", fontsize="small")
+        ax.text(world_size + 0.05, len(ZERO_STAGES) - 1 - row, sent, ha="left", va="center", fontsize="x-small")
     ax.set_xticks([r + 0.45 for r in range(world_size)], [f"rank {r}" for r in range(world_size)])
     ax.set_yticks([])
     ax.set_xlim(-1.6, world_size + 3.2)
     ax.set_ylim(-0.6, len(ZERO_STAGES) - 0.4)
     for side in ("left", "right", "top"):
         ax.spines[side].set_visible(False)
-    ax.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.4, 1.12), ncol=3, frameon=False)
-    ax.set_title(f"what each of {world_size} ranks holds (coloured: kept; grey frame: the whole)", pad=22)
+    ax.legend(fontsize="x-small", loc="lower center", bbox_to_anchor=(0.4, 1.0), ncol=3, frameon=False)
+    ax.set_title(f"what each of {world_size} ranks holds (coloured: kept; grey frame: the whole; height: bytes)", pad=26)
     return ax
 
 
@@ -463,14 +474,24 @@ def plot_ring_buffers(world_size: int = 4, ax=None):
     return ax
 
 
-def plot_accuracy_vs_bytes(results: dict, ax=None):
+def plot_accuracy_vs_bytes(results: dict, ax=None, title: str | None = None):
     """Held-out accuracy after each epoch against the bytes sent by then, a line per method (notebook 10)."""
     ax = _get_ax(ax)
-    for i, (method, row) in enumerate(results.items()):
+    others = iter(range(10))
+    for method, row in results.items():
         style = "--" if "without" in method else "-"  # the one that is meant to fail
-        ax.plot([b / 2**20 for b in row["bytes"]], [100 * a for a in row["accuracy"]], style, marker="o", ms=3,
-                color=f"C{i % 10}", label=method)
+        x, y = [b / 2**20 for b in row["bytes"]], [100 * a for a in row["accuracy"]]
+        color = "black" if method == "DDP" else f"C{next(others) % 10}"  # the baseline, the same in every panel
+        ax.plot(x, y, style, marker="o", ms=3, color=color, label=method)
+        if method == "DDP":  # one line's points numbered: each point is the end of an epoch
+            for epoch, (xi, yi) in enumerate(zip(x, y, strict=True), start=1):
+                ax.annotate(f"epoch {epoch}", (xi, yi), xytext=(4, -9), textcoords="offset points",
+                            fontsize="x-small")
     ax.set_xscale("log")
+    ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))  # 0.2, 0.5, 1, 2: labels that never collide
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set(xlabel="MiB handed to collectives by one rank (log scale)", ylabel="held-out accuracy (%)")
-    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_title(title or "accuracy against bytes sent: up and to the left is better")
+    ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)  # off the lines
     return ax

@@ -57,7 +57,7 @@ def main() -> None:
     rank, world_size = dist.get_rank(), dist.get_world_size()
 
     dataset = make_data(args.seed)
-    # every rank shuffles alike, then keeps its own share: samples rank, rank + W, rank + 2W, ...
+    # every rank draws the same permutation, then keeps positions rank, rank + W, rank + 2W, ... of it
     sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, seed=args.seed)
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
     model = make_model(args.seed).to(device)
