@@ -54,6 +54,7 @@ class PowerSGD:
         self.rng = np.random.RandomState(seed)  # a seed for each random start of Q, the same on every rank (as torch's)
         self.errors, self.qs = {}, {}  # per bucket: the error kept back, the last step's Q factors
         self.sent, self.calls = 0, 0  # values handed to all-reduce so far on this rank, and the all-reduces
+        self.compressed = 0  # matrices sent as two factors so far (0: every gradient went whole)
 
     def hook(self, bucket):  # no annotations: DDP compares them with the classes themselves
         """The communication hook: DDP hands it each GradBucket; it returns a Future of their average."""
@@ -85,6 +86,7 @@ class PowerSGD:
         shapes = [m.shape for m in big]
         big.sort(key=lambda m: shapes.index(m.shape))  # torch draws the random Qs shape by shape
         qs = self.factors_q(k, big)
+        self.compressed += len(big)
         small_flat = packed(small, buffer)
         self.all_reduce(small_flat).wait()  # the tensors sent whole: summed, then divided, in torch's order
         for m, mean in zip(small, unpacked(small_flat.div_(dist.get_world_size()), [m.shape for m in small]), strict=True):

@@ -330,19 +330,29 @@ class ShardPlan:
 
     def explain(self) -> str:
         """One sentence on whether this run matches one process with the global batch, and why."""
-        w, b, g = self.world_size, self.batch_size, self.global_batch
+        w, g = self.world_size, self.global_batch
         if self.padded:
-            return (f"not identical to one process with batch {g}: {self.samples} samples do not split "
+            verb = "does" if self.samples == 1 else "do"
+            times = "twice" if self.padded <= self.samples else "more than once"  # the sampler repeats from the start
+            return (f"not identical to one process with batch {g}: {plural(self.samples, 'sample')} {verb} not split "
                     f"evenly over {w} ranks, so the sampler repeats {self.padded} sample(s) every epoch "
-                    f"and the last global batch ({w}x{self.last_batch}) counts them twice.")
-        if self.mixes_micro_batch_sizes:
-            return (f"identical to one process with batch {g}: the epoch's last optimizer step accumulates "
-                    f"{self.last_group} micro-batches ({plural(self.last_group - 1, 'full one', 'full ones')} of {b} samples and "
-                    f"one of {self.last_batch}), each weighted by its size, as one large batch weights every sample.")
-        if self.last_batch != b:
-            return (f"identical to one process with batch {g}: each rank's last batch is short "
-                    f"({plural(self.last_batch, 'sample')}), and one process ends on the same {w * self.last_batch} samples.")
-        return f"identical to one process with batch {g}: {self.samples} samples split into whole global batches."
+                    f"and the last global batch ({w}x{self.last_batch}) counts them {times}.")
+        same = f"identical to one process with batch {g}"
+        whole, rest = divmod(self.samples, g)
+        if not rest:
+            return f"{same}: {self.samples} samples split into {plural(whole, 'whole global batch', 'whole global batches')}."
+        return (f"{same}: one process's last batch holds the remaining {plural(rest, 'sample')}, and so does this "
+                f"run's last optimizer step: {self.last_step()}.")
+
+    def last_step(self) -> str:
+        """How the epoch's last optimizer step is made up, in words (for explain)."""
+        b, k = self.batch_size, self.last_group
+        if self.last_batch == b:
+            return f"it accumulates only {k} of {self.grad_accum_steps} micro-batches"
+        if k == 1:
+            return f"each rank's last batch is short ({plural(self.last_batch, 'sample')})"
+        return (f"it accumulates {k} micro-batches ({plural(k - 1, 'full one', 'full ones')} of {b} samples and one "
+                f"of {self.last_batch}), each weighted by its size, as one large batch weights every sample")
 
 
 def plural(n: int, word: str, many: str | None = None) -> str:

@@ -11,6 +11,7 @@ one process; and a byte count per rank is predicted, then measured.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import io
@@ -41,12 +42,22 @@ ON_CPU = {"CUDA_VISIBLE_DEVICES": ""}  # the exercises run on gloo CPU ranks, al
 EPOCH_LINE = re.compile(r"epoch\D*(\d+).*?loss\D*?(-?\d+\.\d+(?:e-?\d+)?)", re.I)
 
 
+_FOLDERS: dict[str, Path] = {}  # this process's latest folder per exercise: a failed run's logs, kept to read
+
+
 def log_folder(name: str) -> Path:
-    """This exercise's folder for the launches' logs, emptied at each check (the last failed run's stays to read)."""
-    folder = Path(tempfile.gettempdir()) / "dp-course-checks" / name
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    return folder
+    """A new folder of this caller's own for an exercise's launches (the previous one for it removed; all at exit)."""
+    if not _FOLDERS:
+        atexit.register(lambda: [discard(folder) for folder in list(_FOLDERS.values())])
+    discard(_FOLDERS.get(name))
+    _FOLDERS[name] = Path(tempfile.mkdtemp(prefix=f"dp-course-{name}-"))  # private: two kernels never share one
+    return _FOLDERS[name]
+
+
+def discard(folder: Path | None) -> None:
+    """Remove a check's folder once nothing in it is worth reading (its runs passed)."""
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @dataclass
@@ -362,6 +373,7 @@ def check_ddp_script(path="my_ddp.py") -> Verdict:
             or result_problem(outcome, reference, world_size))
         if problem:
             return verdict(False, problem)
+    discard(folder)
     tip = "" if "gc.collect" in path.read_text(encoding="utf-8") else tr(
         " At home, free the DDP model before destroy_process_group() (del, gc.collect(): examples/train_ddp.py); "
         "the checker's runs skip the interpreter's exit, where gloo can otherwise abort.")
@@ -435,11 +447,13 @@ def records(exercise: str, path: Path, world_size: int, *args) -> list[dict] | s
     """Run scripts/<exercise>_check.py with the learner's file on world_size gloo ranks: every rank's record, or why not."""
     run_dir = log_folder(f"{exercise}_w{world_size}") / "run"
     try:
-        return run_json(f"{exercise}_check", exercise, "--module", str(path.resolve()), *args, world_size=world_size,
-                        backend="gloo", out_dir=run_dir, timeout=SKELETON_TIMEOUT_S,
-                        env={**ON_CPU, "DP_PG_TIMEOUT": str(group_timeout_s())})  # a hang fails in seconds
+        ranks = run_json(f"{exercise}_check", exercise, "--module", str(path.resolve()), *args, world_size=world_size,
+                         backend="gloo", out_dir=run_dir, timeout=SKELETON_TIMEOUT_S,
+                         env={**ON_CPU, "DP_PG_TIMEOUT": str(group_timeout_s())})  # a hang fails in seconds
     except DistributedRunError as exc:
         return failure_sentence(exc, {}, world_size, run_dir, SKELETON_TIMEOUT_S)
+    discard(run_dir.parent)  # it ran: the records are read, and the logs hold nothing to diagnose
+    return ranks
 
 
 def skeleton_problem(exercise: str, path: Path, template: Path, untouched: str, world_sizes: tuple[int, ...], judge,
@@ -557,9 +571,11 @@ def check_my_zero1(path="my_zero1.py") -> Verdict:
 @functools.lru_cache(maxsize=8)
 def measured_bytes(stage: int, world_size: int, width: int, depth: int) -> tuple:
     """The bytes rank 0 holds after a ZeRO-`stage` step, measured on real ranks (once per setting: a re-check is instant)."""
+    folder = log_folder("memory")
     ranks = run_json("sharded", "memory", "--experiment", "memory", "--strategies", f"ZeRO-{stage}", "--width", width,
                      "--depth", depth, "--steps", 2, world_size=world_size, backend="gloo", timeout=LAUNCH_TIMEOUT_S,
-                     out_dir=log_folder("memory") / "run", env=ON_CPU)
+                     out_dir=folder / "run", env=ON_CPU)
+    discard(folder)
     return tuple(ranks[0][f"ZeRO-{stage}"]["held"].items())
 
 

@@ -55,6 +55,6 @@ html_theme_options = {
     "article_header_end": ["course-links.html", "toggle-secondary-sidebar.html"],
     "home_page_in_toc": True,
     "navigation_with_keys": False,
-    "footer_content_items": [],
+    "footer_content_items": ["licence.html"],
 }
 html_favicon = str(here / "_static" / "favicon.svg")

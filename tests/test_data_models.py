@@ -1,6 +1,8 @@
 """dp_helpers.data and dp_helpers.models: synthetic data that can be learnt, the sampler arithmetic, seeded models."""
 
 import itertools
+import math
+import re
 
 import pytest
 import torch
@@ -64,6 +66,38 @@ def test_explain_names_what_differs():
     assert text.startswith("not identical") and "repeats 2 sample(s)" in text
 
 
+def simulated_steps(samples: int, world_size: int, batch_size: int, k: int) -> list[list[list[int]]]:
+    """Each optimizer step's micro-batches, each the sample indices every rank took: DistributedSampler's arithmetic."""
+    per_rank = math.ceil(samples / world_size)
+    padded = (list(range(samples)) * world_size)[:per_rank * world_size]  # it repeats from the start, as often as needed
+    shards = [padded[r::world_size] for r in range(world_size)]
+    micro = [[i for shard in shards for i in shard[m:m + batch_size]] for m in range(0, per_rank, batch_size)]
+    return [micro[s:s + k] for s in range(0, len(micro), k)]
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_every_explanation_is_true_of_the_numbers_it_names(world_size):
+    for samples, batch_size, k in itertools.product([1, 2, 5, 7, 12, 30, 100], [1, 3, 4, 10], [1, 2, 3, 100]):
+        plan, steps = shard_plan(samples, world_size, batch_size, k), simulated_steps(samples, world_size, batch_size, k)
+        text, counts = plan.explain(), [sum(map(len, step)) for step in steps]
+        where = (samples, world_size, batch_size, k, text)
+        flat = [i for step in steps for m in step for i in m]
+        assert plan.equivalent_to_large_batch == (len(flat) == samples == len(set(flat))), where
+        assert text.startswith("identical" if plan.equivalent_to_large_batch else "not identical"), where
+        if m := re.search(r"(\d+) samples split into (\d+) whole global batch", text):
+            assert int(m[1]) == samples == int(m[2]) * plan.global_batch and set(counts) == {plan.global_batch}, where
+        if m := re.search(r"the remaining (\d+) sample", text):
+            one_process_last = samples - (len(steps) - 1) * plan.global_batch
+            assert int(m[1]) == counts[-1] == one_process_last and counts[:-1] == [plan.global_batch] * (len(steps) - 1), where
+        if m := re.search(r"accumulates only (\d+) of (\d+) micro-batches", text):
+            assert (int(m[1]), int(m[2])) == (len(steps[-1]), k) and int(m[1]) < k, where
+        if m := re.search(r"last batch is short \((\d+) sample", text):
+            assert len(steps[-1]) == 1 and int(m[1]) * world_size == counts[-1] < world_size * batch_size, where
+        if m := re.search(r"repeats (\d+) sample.* counts them (twice|more than once)", text):
+            repeats = max(flat.count(i) for i in set(flat))
+            assert int(m[1]) == len(flat) - samples > 0 and (repeats == 2) == (m[2] == "twice"), where
+
+
 def test_build_model_is_seeded_and_leaves_global_rng_alone():
     torch.manual_seed(123)
     expected_next = torch.rand(1)
@@ -91,7 +125,7 @@ def test_the_digits_cnn_gives_ten_logits_whatever_dim_says():
 
 
 @pytest.mark.parametrize("batch_size, k, steps, last_group, identical, words", [
-    (10, 3, 2, 2, True, "identical to one process with batch 60: 100 samples split"),
+    (10, 3, 2, 2, True, "the remaining 40 samples, and so does this run's last optimizer step: it accumulates only 2 of 3"),
     (8, 2, 4, 1, True, "each rank's last batch is short (2 samples)"),  # the short micro-batch steps alone
     (8, 3, 3, 1, True, "identical to one process with batch 48"),
     (8, 4, 2, 3, True, "accumulates 3 micro-batches (2 full ones of 8 samples and one of 2), each weighted by its size"),

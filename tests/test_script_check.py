@@ -1,6 +1,9 @@
 """Notebook 00's checker: the solution passes on real ranks, and each typical mistake comes back as its own sentence."""
 
+import os
 import runpy
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +13,7 @@ from dp_helpers import script_check as sc
 from dp_helpers.exercises import SOLUTIONS
 
 SOLUTION = (SOLUTIONS / "00_1.py").read_text()
+ROOT = Path(__file__).resolve().parents[1]
 REDUCE = "        dist.all_reduce(total)  # every rank: the sums over all ranks\n        if rank == 0:\n"
 JOINED = "    rank = dist.get_rank()\n"
 
@@ -40,9 +44,17 @@ def write(tmp_path: Path, text: str) -> Path:
 
 
 @pytest.mark.slow
-def test_the_solution_is_correct_on_2_and_3_ranks(tmp_path, capsys):
-    assert sc.check_ddp_script(write(tmp_path, SOLUTION))
-    assert capsys.readouterr().out.startswith("correct: on 2 and 3 ranks")
+def test_the_solution_is_correct_on_2_and_3_ranks_in_two_kernels_at_once(tmp_path):
+    path, temp = write(tmp_path, SOLUTION), tmp_path / "tmp"  # the checkers' folders go under temp: seen, then gone
+    temp.mkdir()
+    check = "import sys; from dp_helpers import script_check as sc; sys.exit(0 if sc.check_ddp_script(sys.argv[1]) else 1)"
+    env = {**os.environ, "TMPDIR": str(temp), "PYTHONPATH": str(ROOT)}
+    kernels = [subprocess.Popen([sys.executable, "-c", check, str(path)], stdout=subprocess.PIPE, text=True, env=env)
+               for _ in range(2)]
+    outs = [k.communicate(timeout=300)[0] for k in kernels]
+    assert [k.returncode for k in kernels] == [0, 0], outs
+    assert all(out.startswith("correct: on 2 and 3 ranks") for out in outs), outs
+    assert not list(temp.glob("dp-course-*"))  # each used a folder of its own and removed it (torch keeps caches)
 
 
 @pytest.mark.slow

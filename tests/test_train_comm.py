@@ -39,6 +39,17 @@ def test_powersgd_sends_the_formula(tmp_path, pools):
     full = POWERSGD_START * values_per_step()  # the first steps go uncompressed
     assert run.summary["allreduce_bytes"] == 4 * (full + (STEPS - POWERSGD_START) * compressed)
     assert run.summary["final_loss"] < run.summary["epoch_losses"][0] and "low-rank" in run.summary["equivalence"]
+    assert run.summary["powersgd_compressed_matrices"] == 2 * (STEPS - POWERSGD_START)  # two weight matrices a step
+
+
+@pytest.mark.parametrize("epochs, rank", [(2, 1), (4, 1000)])  # 10 steps: all warm-up; rank 1000: no matrix shrinks
+def test_powersgd_that_compressed_nothing_says_so_and_is_ddp(tmp_path, pools, epochs, rank):
+    run = launch_train(pools, tmp_path / "run", 2, comm="powersgd", powersgd_rank=rank, model="mlp", epochs=epochs)
+    reference = train_reference(TrainConfig(batch_size=20, model="mlp", epochs=epochs))
+    torch.testing.assert_close(final_weights(run.run_dir), reference.state_dict)
+    assert run.summary["powersgd_compressed_matrices"] == 0 and run.summary["equivalent_to_large_batch"]
+    assert "PowerSGD compressed no gradient" in run.summary["equivalence"]
+    assert run.summary["allreduce_bytes"] == 4 * 5 * epochs * values_per_step()  # DDP's bytes
 
 
 def test_local_sgd_with_period_1_is_ddp(tmp_path, pools):

@@ -30,11 +30,13 @@ LANGS = {
     "en": {"suffix": "", "root": "", "readme": "README.md", "name": "English", "code": "en",
            "title": "Data parallelism in PyTorch",
            "solutions": "Solutions", "solution": "Solution to exercise {n}", "colab": "Open in Colab",
-           "kaggle": "Open in Kaggle", "download": "Download .ipynb", "route": "The route"},
+           "kaggle": "Open in Kaggle", "download": "Download .ipynb", "route": "The route",
+           "licence": "Code, text and figures under the MIT licence"},
     "zh-CN": {"suffix": ".zh-CN", "root": "zh-CN/", "readme": "README.zh-CN.md", "name": "简体中文", "code": "zh-CN",
               "title": "PyTorch 数据并行",
               "solutions": "参考答案", "solution": "练习 {n} 的参考答案", "colab": "在 Colab 中打开",
-              "kaggle": "在 Kaggle 中打开", "download": "下载 .ipynb", "route": "学习路线"},
+              "kaggle": "在 Kaggle 中打开", "download": "下载 .ipynb", "route": "学习路线",
+              "licence": "代码、文字和图均采用 MIT 许可证"},
 }
 DOCS = ("glossary", "source-article")
 LINK = re.compile(r"(!?)\[([^\]]*)\]\(([^)\s]+)\)")
@@ -209,7 +211,7 @@ def stage(lang: str, out: Path) -> dict:
             "downloads": str(out / "_downloads_"), "jieba_dict": str(jieba_dict(out)),
             "other": {"name": other["name"], "code": other["code"],  # root: the other site, from this one's root
                       "root": os.path.relpath(other["root"] or ".", words["root"] or ".") + "/"},
-            "labels": {k: words[k] for k in ("suffix", "colab", "kaggle", "download")}}
+            "labels": {k: words[k] for k in ("suffix", "colab", "kaggle", "download", "licence")}}
 
 
 def build(out: Path, work: Path) -> None:

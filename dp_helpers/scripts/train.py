@@ -378,12 +378,13 @@ def restarts(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()] if path.is_file() else []
 
 
-def equivalence(cfg: TrainConfig, plan, history: dict) -> dict:
+def equivalence(cfg: TrainConfig, plan, history: dict, compressed: int | None = None) -> dict:
     """Whether this run matches one process with the global batch, and why: the sampler's arithmetic, then BatchNorm."""
     g = plan.global_batch
+    as_ddp = (cfg.comm == "local-sgd" and cfg.period == 1) or (cfg.comm == "powersgd" and compressed == 0)
     if cfg.model == "bn" and cfg.bn_sync == "none" and plan.world_size > 1:
         why = "each rank's BatchNorm normalises with its own shard's statistics (--bn-sync allreduce makes them global)"
-    elif why := COMM_DIFFERS.get(cfg.comm if not (cfg.comm == "local-sgd" and cfg.period == 1) else "allreduce"):
+    elif why := COMM_DIFFERS.get("allreduce" if as_ddp else cfg.comm):
         why = why.format(period=cfg.period)
     elif earlier := [c for c in history.get("resumed_from", []) if c["global_batch_size"] != g]:
         why = f"its first {earlier[-1]['epoch']} epoch(s) trained with global batch {earlier[-1]['global_batch_size']}"
@@ -391,10 +392,13 @@ def equivalence(cfg: TrainConfig, plan, history: dict) -> dict:
         earlier = [shard_plan(train_samples(cfg), c["world_size"], c["batch_size"], c["grad_accum_steps"])
                    for c in history.get("resumed_from", [])]
         padded = next((e for e in earlier if not e.equivalent_to_large_batch), plan)
-        return {"equivalent_to_large_batch": padded.equivalent_to_large_batch, "equivalence": padded.explain()}
+        note = f" {POWERSGD_NOTHING.format(rank=cfg.powersgd_rank)}" if cfg.comm == "powersgd" else ""
+        return {"equivalent_to_large_batch": padded.equivalent_to_large_batch, "equivalence": padded.explain() + note}
     return {"equivalent_to_large_batch": False, "equivalence": f"not identical to one process with batch {g}: {why}."}
 
 
+POWERSGD_NOTHING = ("PowerSGD compressed no gradient: every step fell in its uncompressed warm-up, or rank {rank} "
+                    "shrinks no gradient matrix of this model 2x, so every gradient was all-reduced whole, as by DDP.")
 # why a --comm breaks the invariant (local-sgd with --period 1 keeps it: averaging SGD's steps is averaging gradients)
 COMM_DIFFERS = {"fp16": "the gradients are rounded to fp16 for the all-reduce (close, not equal)",
                 "powersgd": "PowerSGD sends a low-rank approximation of the gradients",
@@ -417,7 +421,9 @@ def make_summary(cfg: TrainConfig, info: dph.DistInfo, step: int, history: dict,
             "restarts": len(resumes), "resumed": resumes,
             "allreduce_calls": comm["allreduces"], "allreduce_bytes": comm["bytes"],
             "padded_samples_per_epoch": plan.padded, "last_batch_size": plan.last_batch,
-            **equivalence(cfg, plan, history), "resumed_from": history.get("resumed_from", []),
+            **equivalence(cfg, plan, history, getattr(comm.get("counter"), "compressed", None)),
+            **({"powersgd_compressed_matrices": comm["counter"].compressed} if cfg.comm == "powersgd" else {}),
+            "resumed_from": history.get("resumed_from", []),
             "train_seconds": round(seconds, 3), "torch": torch.__version__}
 
 

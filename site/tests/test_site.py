@@ -188,6 +188,13 @@ def test_every_notebook_page_links_colab_kaggle_the_ipynb_and_the_other_language
         assert any(h.endswith(f"{other}notebooks/{page.stem}.html") for h in hrefs), page
 
 
+def test_every_page_names_its_licence_in_the_footer(server):  # server: skips, saying why, without a site
+    pages = [page for page in html_pages() if page.name not in ("search.html", "genindex.html")]
+    assert pages, f"no pages under {SITE}"
+    for page in pages:
+        assert any(h.endswith("/blob/main/LICENSE") for h in parsed(SITE / page).hrefs), page
+
+
 def test_math_is_typeset_and_code_has_a_copy_button(server, browser):
     def look(page):
         page.wait_for_selector("mjx-container", timeout=20_000)
