@@ -24,6 +24,12 @@ def is_cell(item) -> bool:
     return isinstance(getattr(item, "cell", None), dict)
 
 
+def pytest_addoption(parser):
+    """--notebooks-alone: also run tests/test_notebooks_alone.py (each notebook in a fresh copy; .ci/run passes it)."""
+    parser.addoption("--notebooks-alone", action="store_true",
+                     help="run every notebook alone in a fresh copy of the checkout (minutes; CI runs it)")
+
+
 def pytest_configure(config):
     """Headless plotting for every test and every notebook kernel started by nbval."""
     os.environ.setdefault("MPLBACKEND", "Agg")
@@ -40,6 +46,10 @@ def pytest_collection_modifyitems(config, items):
     """Notebook cells are slow (a kernel, often torchrun); cells tagged requires-gpu / requires-multi-gpu are reported
     as skipped, with the reason, on smaller machines."""
     n = None
+    if not config.getoption("--notebooks-alone"):
+        for item in items:
+            if item.get_closest_marker("alone"):
+                item.add_marker(pytest.mark.skip(reason="runs with --notebooks-alone (.ci/run passes it): minutes"))
     for item in filter(is_cell, items):
         item.add_marker(pytest.mark.slow)
         need = max((GPU_TAGS[t] for t in item.cell.get("metadata", {}).get("tags", []) if t in GPU_TAGS), default=0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import signal
 import sys
 from dataclasses import replace
@@ -146,10 +147,22 @@ def cmd_train(args: argparse.Namespace) -> int:
     except DistributedRunError as exc:
         log_lines(exc.run_dir, [f"error: {exc}"])  # what the CLI prints, kept with the rest
         raise
+    return report_train(result, cfg)
+
+
+def report_train(result, cfg) -> int:
+    """After a run: loss.png (a full disk marks the record failed), then the lines that say how it went."""
     from .plotting import run_title, save_loss_figure
+    from .runs import mark_failed
 
     summary = result.summary
-    save_loss_figure(result.run_dir, Path(result.run_dir) / "loss.png", title=run_title(summary))
+    try:
+        save_loss_figure(result.run_dir, Path(result.run_dir) / "loss.png", title=run_title(summary))
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:  # trained, but what it wrote is incomplete: the record must not say finished
+            mark_failed(result.run_dir, exc.strerror)
+        exc.run_dir = result.run_dir
+        raise
     stopped = [f"stopped by {summary['reason']} after epoch {len(summary['epoch_losses'])} of {cfg.epochs}"
                + (f"; --resume {cfg.checkpoint} continues it" if cfg.checkpoint else "")] \
         if summary.get("status") == "stopped" else []
@@ -179,6 +192,14 @@ def say(exc: BaseException, line: str) -> None:
     log_lines(getattr(exc, "run_dir", None), [line])
 
 
+def disk_full_sentence(exc: OSError) -> str:
+    """A full disk in one sentence: what could not be written, where, and what to do."""
+    said = exc.strerror if exc.strerror and exc.strerror.startswith("the disk is full") else (
+        f"the disk is full: {Path(exc.filename).name if exc.filename else 'a file'} could not be written"
+        + (f" in {Path(exc.filename).parent}" if exc.filename else ""))
+    return f"{said}; free some space and run again"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: bad input and failed runs end in one clear line and a non-zero exit; a bug keeps its traceback."""
     from .launch import DistributedRunError
@@ -187,20 +208,31 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
         return {"train": cmd_train, "doctor": cmd_doctor, "bench": cmd_bench}[args.command](args)
-    except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except DistributedRunError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except Terminated as exc:
-        say(exc, "terminated (SIGTERM): the run was stopped and no process it started is left running.")
-        return 143
-    except KeyboardInterrupt as exc:
-        say(exc, "interrupted: the run was stopped and no process it started is left running.")
-        return 130
+    except (UsageError, DistributedRunError, KeyboardInterrupt, OSError) as exc:
+        return last_words(exc)
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def last_words(exc: BaseException) -> int:
+    """The CLI's last line for how it stopped, and its exit code; an error that is not the user's is raised again."""
+    from .launch import DistributedRunError
+
+    if isinstance(exc, (UsageError, DistributedRunError)):
+        print(f"error: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, UsageError) else 1
+    if isinstance(exc, Terminated):
+        say(exc, "terminated (SIGTERM): the run was stopped and no process it started is left running.")
+        return 143
+    if isinstance(exc, KeyboardInterrupt):
+        say(exc, "interrupted: the run was stopped and no process it started is left running.")
+        return 130
+    if exc.errno != errno.ENOSPC:
+        raise exc
+    folder = getattr(exc, "run_dir", None)
+    print(f"error: {disk_full_sentence(exc)}" + (f"; the run folder keeps what was written: {folder}" if folder else ""),
+          file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

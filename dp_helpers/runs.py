@@ -7,8 +7,11 @@ Every launcher and every script writes here: `run_ddp` creates it and tells the 
 from __future__ import annotations
 
 import contextlib
+import errno
+import glob
 import json
 import os
+import shutil
 import time
 import uuid
 from collections.abc import Callable
@@ -47,21 +50,102 @@ def prepare_run_dir(out_dir, name: str) -> Path:
 def write_atomic(path, write: Callable[[Path], None]) -> Path:
     """Call write(tmp) on a temporary name beside `path`, then rename it into place: readers never see half a file."""
     path = Path(path)
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    tmp = path.with_name(f"{path.name}{PARTIAL}{os.getpid()}")
     try:
         write(tmp)
         with open(tmp, "rb") as done:
             os.fsync(done.fileno())  # on disk before the rename, so even a power cut leaves old or new
         os.replace(tmp, path)  # atomic on one file system: the old file or the new one, never a mix
+    except Exception as exc:
+        if disk_full(exc, path.parent):  # torch.save says "unexpected pos ..." where the disk is full
+            raise OSError(errno.ENOSPC, f"the disk is full: {path.name} could not be written in {path.parent} "
+                          f"(an earlier {path.name}, if any, is kept)") from exc
+        raise
     finally:
         with contextlib.suppress(OSError):  # the clean-up must not hide the error that stopped the write
             tmp.unlink(missing_ok=True)
     return path
 
 
+PARTIAL = ".tmp"  # write_atomic's partial file: <name>.tmp<pid>, renamed into place or removed
+
+
+def disk_full(exc: BaseException, folder: Path) -> bool:
+    """Whether a failed write failed because the disk (of folder) is full: ENOSPC, or less than 1 MiB left."""
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return True
+    try:
+        return shutil.disk_usage(folder).free < 2**20
+    except OSError:
+        return False
+
+
+def remove_partials(*paths) -> None:
+    """Remove the partial files a write_atomic of these paths left when its process was killed mid-write."""
+    for path in filter(None, paths):
+        path = Path(path)
+        for tmp in path.parent.glob(f"{glob.escape(path.name)}{PARTIAL}*"):
+            pid = tmp.name[len(path.name) + len(PARTIAL):]
+            if pid.isdigit() and not pid_alive(int(pid)):
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def write_text_atomic(path, text: str) -> Path:
     """Write a text file whole (see write_atomic)."""
     return write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+@contextlib.contextmanager
+def checkpoint_lock(path):
+    """Hold `<path>.lock` while a run may write the snapshot at path: a second live run is refused in one sentence."""
+    if not path:
+        yield
+        return
+    try:
+        import fcntl  # noqa: F401 (POSIX: on Windows no lock is taken)
+    except ImportError:
+        yield
+        return
+    lock = Path(f"{path}.lock")
+    fd = take_lock(lock, path)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            lock.unlink()  # before the lock goes: a run that opens it now finds another file and locks that
+        os.close(fd)
+
+
+def take_lock(lock: Path, path) -> int:
+    """An open descriptor holding an exclusive lock on the file now at `lock`, or a UsageError if a live run has it."""
+    import fcntl
+
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise UsageError(f"checkpoint {path}: its lock file {lock} cannot be created ({exc.strerror}).") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise UsageError(f"checkpoint {path} is in use by another run that is still going (it holds {lock.name}); "
+                             "give this run another --checkpoint, or wait for that one to end.") from None
+        if lock.exists() and os.stat(lock).st_ino == os.fstat(fd).st_ino:
+            return fd  # the file still at that path: not one a finishing run has just removed
+        os.close(fd)
 
 
 def file_stamp(path) -> tuple | None:
@@ -77,6 +161,14 @@ def left_checkpoint(cfg, before: tuple | None) -> str | None:
     stamp = file_stamp(cfg.checkpoint)
     resumed = bool(cfg.resume) and stamp is not None and Path(cfg.resume).resolve() == Path(cfg.checkpoint).resolve()
     return cfg.checkpoint if stamp is not None and (stamp != before or resumed) else None
+
+
+def mark_failed(run_dir: Path, reason: str) -> None:
+    """A finished run whose last writes failed (a full disk): summary.json says failed, and why, if it can be written."""
+    path = Path(run_dir) / "summary.json"
+    with contextlib.suppress(OSError, ValueError):
+        summary = json.loads(path.read_text(encoding="utf-8"))
+        write_text_atomic(path, json.dumps({**summary, "status": "failed", "reason": reason}, indent=2) + "\n")
 
 
 def record_ending(run_dir: Path, cfg, reason: str, status: str = "stopped", before: tuple | None = None,

@@ -47,6 +47,16 @@ def workers_numerics():
 
 
 @pytest.fixture(autouse=True)
+def nothing_left_in_the_checkout(request):
+    """A test may leave nothing in the checkout's runs/ (or the folder from which pytest was started)."""
+    folders = [Path(request.config.rootpath) / "runs", Path.cwd() / "runs"]
+    before = {f: set(f.iterdir()) if f.is_dir() else set() for f in folders}
+    yield
+    left = sorted(str(p) for f in folders if f.is_dir() for p in set(f.iterdir()) - before[f])
+    assert not left, f"the test left {left}: give its runs a folder under tmp_path"
+
+
+@pytest.fixture(autouse=True)
 def private_tmpdir(tmp_path, monkeypatch):
     """torchrun leaves a torchelastic_* folder in TMPDIR per launch: keep them inside the test's tmp_path."""
     tmp = tmp_path / "tmpdir"

@@ -136,6 +136,24 @@ def test_no_process_outlives_a_stopped_cli(tmp_path, monkeypatch, sig, code):
     assert survivors(marker) == []
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("gap", [0.02, 0.3])
+def test_ctrl_c_twice_still_leaves_the_record(tmp_path, monkeypatch, gap):
+    marker = "cli-twice-" + tmp_path.name
+    monkeypatch.setenv("DP_TEST_ID", marker)
+    cli = subprocess.Popen([sys.executable, "-m", "dp_helpers", "train", "--epochs", "400", "--out", str(tmp_path / "r")],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wait_for(tmp_path / "r" / "metrics" / "rank0.jsonl")  # training: the second Ctrl-C lands while it stops
+    cli.send_signal(signal.SIGINT)
+    time.sleep(gap)
+    cli.send_signal(signal.SIGINT)
+    err = cli.communicate(timeout=60)[1]
+    assert cli.returncode == 130 and err.strip().splitlines()[-1].startswith("interrupted:"), err
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert (summary["status"], summary["reason"]) == ("stopped", "interrupted (Ctrl-C)")
+    assert survivors(marker) == []
+
+
 def test_the_readme_lists_every_train_flag_as_help_says():
     from pathlib import Path
 

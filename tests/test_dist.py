@@ -42,7 +42,8 @@ def test_a_stale_torchrun_environment_is_refused_at_once(monkeypatch):
         dph.setup()
 
 
-def test_one_process_group_up_and_down(monkeypatch):
+def test_one_process_group_up_and_down(monkeypatch, tmp_path):
+    monkeypatch.setenv("DP_RUN_DIR", str(tmp_path / "run"))  # not a folder under the checkout's runs/
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "1")

@@ -2,13 +2,35 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
+import sys
+import threading
 
 import psutil
 
 from .command import GRACE_S
+
+HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def signals_held():
+    """Ctrl-C and SIGTERM wait while the block runs, so that a second one cannot cut short a stop or its record."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread can set handlers
+        yield
+        return
+    caught: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: caught.append(signum)) for sig in HELD_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if caught and sys.exc_info()[1] is None:  # nothing under way: deliver it now; else the first stop goes on
+        signal.raise_signal(caught[0])
 
 
 class ProcessTree:

@@ -14,7 +14,7 @@ from .args import check_echo
 from .command import GRACE_S, plan_launch
 from .console import Console, drain, start_reader, stream
 from .diagnose import RunTimeoutError, failure, last_lines
-from .process import ProcessTree, start
+from .process import ProcessTree, signals_held, start
 
 
 @dataclass
@@ -62,20 +62,26 @@ def run_ddp(script, *script_args, world_size: int | None = None, backend: str = 
     try:
         stream(tree, plan, console, lines)
         tree.proc.wait(timeout=GRACE_S * 3)
-    except KeyboardInterrupt as exc:  # the caller may record how the run ended, in its folder
-        exc.run_dir = plan.run_dir
-        raise
     except RunTimeoutError as exc:
         stopped, tail = plural(tree.kill(), "process", "processes"), last_lines(console.last())
         shown = "its output is above" if echo else f"its last output:\n{last_lines(tail, 5) or '(nothing yet)'}"
         raise RunTimeoutError(f"{exc} {stopped} stopped; {shown}\nevery rank's full output: {console.path}",
                               log_tail=tail, run_dir=plan.run_dir) from None
+    except (KeyboardInterrupt, OSError) as exc:  # after the timeout (an OSError too): the caller records the end
+        exc.run_dir = plan.run_dir
+        raise
     finally:  # also on KeyboardInterrupt (the notebook's stop button), which then propagates
-        tree.kill()  # stops the tree if it still runs, reaps, stops orphans that outlived torchrun
-        drain(reader, lines, console, tree.proc.stdout)
-        console.close()
+        stop_and_close(tree, reader, lines, console)
     log = console.path.read_text(encoding="utf-8")
     if tree.proc.returncode != 0:
         raise failure(tree.proc.returncode, log, plan.run_dir)
     return RunResult(tree.proc.returncode, plan.run_dir, time.monotonic() - began, log,
                      plan.command, plan.world_size, plan.backend)
+
+
+def stop_and_close(tree: ProcessTree, reader, lines, console: Console) -> None:
+    """Stop the tree if it still runs (reap it, stop orphans that outlived torchrun), then keep its last output."""
+    with signals_held():  # a second Ctrl-C (a common gesture) must not leave the tree or the log half done
+        tree.kill()
+        drain(reader, lines, console, tree.proc.stdout)
+        console.close()

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+from pathlib import Path
 
 from .diagnose import DistributedRunError, RunTimeoutError
+from .process import signals_held
 from .run import RunResult, run_ddp
 
 
@@ -28,20 +30,35 @@ def run_train(world_size: int, echo: bool = False, out_dir=None, timeout: float 
 @contextlib.contextmanager
 def ending_recorded(cfg, timeout_reason: str, interrupted=lambda exc: "interrupted"):
     """Around a train launch: summary.json says how a run that did not finish ended (timed out, failed, interrupted)."""
-    from ..runs import file_stamp, record_ending
+    from ..runs import checkpoint_lock, file_stamp
 
     before = file_stamp(cfg.checkpoint)  # a snapshot an earlier run left there is not this run's
     try:
-        yield
+        with checkpoint_lock(cfg.checkpoint):  # no two live runs write one snapshot
+            yield
     except RunTimeoutError as exc:
-        record_ending(exc.run_dir, cfg, timeout_reason, before=before)
+        ended(exc, cfg, before, timeout_reason)
         raise
     except DistributedRunError as exc:
-        record_ending(exc.run_dir, cfg, str(exc).splitlines()[0], "failed", before, failed_ranks=list(exc.ranks))
+        ended(exc, cfg, before, str(exc).splitlines()[0], "failed", failed_ranks=list(exc.ranks))
         raise
     except KeyboardInterrupt as exc:  # the launcher put the run folder on it
-        record_ending(getattr(exc, "run_dir", None), cfg, interrupted(exc), before=before)
+        ended(exc, cfg, before, interrupted(exc))
         raise
+    except OSError as exc:  # the launcher's own writes (console.log): a full disk, say
+        ended(exc, cfg, before, f"{type(exc).__name__}: {exc}", "failed")
+        raise
+
+
+def ended(exc: BaseException, cfg, before, reason: str, status: str = "stopped", **more) -> None:
+    """Record how the run ended and remove what a killed write left half done (a second Ctrl-C waits meanwhile)."""
+    from ..runs import record_ending, remove_partials
+
+    run_dir = getattr(exc, "run_dir", None)
+    with signals_held(), contextlib.suppress(OSError):  # a full disk must not hide the error that stopped the run
+        remove_partials(cfg.checkpoint, *((Path(run_dir) / name for name in ("model.pt", "summary.json"))
+                                          if run_dir else ()))
+        record_ending(run_dir, cfg, reason, status, before, **more)
 
 
 def run_json(script: str, name: str, *args, world_size: int = 2, echo: bool = False, **kwargs) -> list:
