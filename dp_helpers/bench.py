@@ -7,6 +7,7 @@ Every number is measured on this machine in this run. On CPUs each process gets 
 from __future__ import annotations
 
 import json
+import os
 import platform
 import statistics
 import sys
@@ -52,13 +53,21 @@ def quick(cfg: BenchConfig) -> BenchConfig:
                    sizes_mib=[0.0625, 1.0, 16.0], repeats=10, overhead_repeats=1)
 
 
+def check_int_list(name: str, values) -> None:
+    """Refuse anything but a non-empty list of distinct ints >= 1, in one sentence."""
+    if not isinstance(values, (list, tuple)) or not values:
+        raise UsageError(f"{name} must be a non-empty list, got {values!r}.")
+    for value in values:
+        check_int(name, value, 1)
+    twice = sorted({v for v in values if values.count(v) > 1})
+    if twice:
+        raise UsageError(f"{name} lists {', '.join(map(str, twice))} more than once; give each value once.")
+
+
 def validate_bench(cfg: BenchConfig, capacity: int) -> None:
     """Refuse a benchmark that cannot run or cannot mean anything, in one sentence, before anything starts."""
     for name in ("world_sizes", "batches"):
-        if not isinstance(getattr(cfg, name), (list, tuple)) or not getattr(cfg, name):
-            raise UsageError(f"{name} must be a non-empty list, got {getattr(cfg, name)!r}.")
-        for value in getattr(cfg, name):
-            check_int(name, value, 1)
+        check_int_list(name, getattr(cfg, name))
     for name in ("default_batch", "steps", "rounds", "dim", "hidden", "depth", "repeats", "overhead_repeats",
                  "powersgd_rank", "period"):
         check_int(name, getattr(cfg, name), 1)
@@ -205,10 +214,10 @@ def comm_table(cfg: BenchConfig, rows: dict, w: int) -> dict:
                             "bytes_vs_allreduce": r["bytes_per_step"] / base["bytes_per_step"]} for m, r in rows.items()}}
 
 
-def wall(cmd: list[str]) -> float:
+def wall(cmd: list[str], env: dict[str, str] | None = None) -> float:
     """Seconds a command takes, failing loudly if it fails."""
     start = time.perf_counter()
-    done = run_tree(cmd, timeout=600)
+    done = run_tree(cmd, timeout=600, env=env)
     if done.returncode:
         raise RuntimeError(f"{' '.join(cmd)} failed with exit code {done.returncode}:\n{done.stderr[-2000:]}")
     return time.perf_counter() - start
@@ -221,7 +230,8 @@ def overhead(tmp: Path, repeats: int = 1) -> dict:
         ours.append(wall([sys.executable, "-m", "dp_helpers", "train", "--world-size", "2", "--backend", "gloo",
                           "--out", str(tmp / f"overhead{i}")]))
         bare.append(wall([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                          "-m", "dp_helpers.scripts.article_torchrun"]))
+                          "-m", "dp_helpers.scripts.article_torchrun"],
+                         {**os.environ, "DP_RUN_DIR": str(tmp / f"bare{i}")}))  # its folder in tmp, not in runs/
     ours_s, bare_s = statistics.median(ours), statistics.median(bare)
     return {"dp_helpers_train_s": ours_s, "bare_torchrun_s": bare_s, "ratio": ours_s / bare_s, "repeats": repeats}
 

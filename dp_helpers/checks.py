@@ -19,6 +19,8 @@ def check_int(name: str, value, minimum: int) -> None:
         raise UsageError(f"{name} must be an int, got {value!r} ({type(value).__name__}).")
     if value < minimum:
         raise UsageError(f"{name} must be >= {minimum}, got {value}.")
+    if value >= 2**63:  # torch keeps its integers (a seed, a size) in 64 bits
+        raise UsageError(f"{name} must be below 2**63 (a 64-bit integer), got {value}.")
 
 
 def check_positive_number(name: str, value) -> None:

@@ -180,6 +180,9 @@ def check_paths(cfg: TrainConfig) -> None:
     target = Path(cfg.checkpoint).expanduser().resolve()
     if target.is_dir():
         raise UsageError(f"checkpoint={cfg.checkpoint!r} is a folder; give a file name in it, e.g. {cfg.checkpoint}/ck.pt.")
+    file_above = next((f for f in target.parents if f.is_file()), None)
+    if file_above is not None:
+        raise UsageError(f"checkpoint={cfg.checkpoint!r}: {file_above} is a file, not a folder; give a path in a folder.")
     if not target.parent.is_dir():
         raise UsageError(f"checkpoint={cfg.checkpoint!r}: its folder does not exist; create it first.")
     if not os.access(target.parent, os.W_OK | os.X_OK):  # the snapshot is written beside it, then renamed

@@ -151,6 +151,10 @@ def verdict(ok: bool, message: str) -> Verdict:
 
 def check_answer(key: str, answer) -> Verdict:
     """A numeric, word or table answer against the package's own computation of it."""
+    if key not in ANSWERS:
+        near = [k for k in sorted(ANSWERS) if str(key)[:2] == k[:2]] or sorted(ANSWERS)
+        return verdict(False, tr("there is no question {key!r}; the ones of this notebook are: {known}", key=key,
+                                 known="; ".join(map(repr, near))))
     if _unanswered(answer):
         return verdict(False, tr("replace the ... with your answer and run the cell again."))
     problem = difference(answer, ANSWERS[key](), units=bool(UNITS.search(key)))  # no "MiB for MB" hint for a count

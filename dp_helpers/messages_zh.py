@@ -8,6 +8,13 @@ MESSAGES: dict[str, str] = {
     "there is no solution {key!r}; the exercises with one are {known}":
         "没有名为 {key!r} 的参考答案；有参考答案的练习是：{known}",
     "correct: {message}": "正确：{message}",
+    "there is no question {key!r}; the ones of this notebook are: {known}":
+        "没有名为 {key!r} 的题目；本笔记本的题目有：{known}",
+    "{path} is a folder: give the path of your .py file.": "{path} 是一个文件夹：请给出你的 .py 文件的路径。",
+    "{path} is not UTF-8 text: save it as a Python file in UTF-8.": "{path} 不是 UTF-8 文本：请把它存成 UTF-8 编码的 Python 文件。",
+    "stage must be 1, 2 or 3 (the ZeRO stages), not {stage!r}.": "stage 必须是 1、2 或 3（ZeRO 的三个阶段），而不是 {stage!r}。",
+    "{name} must be a whole number from {low} to {high}, not {value!r}.":
+        "{name} 必须是 {low} 到 {high} 之间的整数，而不是 {value!r}。",
     "not yet: {message}": "还不对：{message}",
     "replace the ... with your answer and run the cell again.": "把 ... 换成你的答案，再运行这个单元格。",
     "that is what this notebook's rules give.": "按本笔记本的规则，结果正是如此。",

@@ -350,10 +350,16 @@ def file_problem(path: Path, template: Path, untouched: str) -> str | None:
     """Why the learner's file cannot run yet (missing, untouched, a syntax error), before anything is launched."""
     if not path.exists():
         return tr("there is no {path} yet: run the cell above this one first.", path=path)
+    if not path.is_file():
+        return tr("{path} is a folder: give the path of your .py file.", path=path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        return tr("{path} is not UTF-8 text: save it as a Python file in UTF-8.", path=path)
     if same_as_template(path, template):
         return tr("{path} is still {untouched}: edit it, save it, run this again.", path=path, untouched=untouched)
     try:
-        compile(path.read_text(encoding="utf-8"), str(path), "exec")
+        compile(text, str(path), "exec")
     except SyntaxError as exc:
         return tr("{path}, line {line}: {error}.", path=path, line=exc.lineno, error=exc.msg)
     return None
@@ -593,6 +599,12 @@ def check_memory_prediction(prediction: dict, stage: int = 2, world_size: int = 
     """Notebook 08: the bytes a rank holds under ZeRO-`stage` with fp32 Adam, predicted, then measured on real ranks."""
     if _unanswered(prediction):
         return verdict(False, tr("replace each ... with your prediction in bytes, then run the cell again."))
+    if stage not in (1, 2, 3) or isinstance(stage, bool):
+        return verdict(False, tr("stage must be 1, 2 or 3 (the ZeRO stages), not {stage!r}.", stage=stage))
+    for name, value, low in (("world_size", world_size, 1), ("width", width, 1), ("depth", depth, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= (8 if name == "world_size" else 4096):
+            return verdict(False, tr("{name} must be a whole number from {low} to {high}, not {value!r}.", name=name,
+                                     low=low, high=8 if name == "world_size" else 4096, value=value))
     measured = dict(measured_bytes(stage, world_size, width, depth))
     problem = difference(prediction, measured, tr("your prediction"))
     if problem:  # the measured bytes stay unsaid: they would be the answer

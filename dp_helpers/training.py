@@ -23,7 +23,13 @@ def seed_everything(seed: int) -> None:
 def bce_loss(probs: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
     """Binary cross-entropy of a sigmoid model's outputs (probabilities) against 0/1 targets of any matching size."""
     # mean reduction: DDP averages gradients across ranks, so the mean of equal-sized shards' means is the global mean
-    return nn.functional.binary_cross_entropy(probs, targets.reshape(probs.shape), reduction=reduction)
+    try:
+        return nn.functional.binary_cross_entropy(probs, targets.reshape(probs.shape), reduction=reduction)
+    except RuntimeError as exc:  # "all elements of input should be between 0 and 1": a NaN output, said plainly
+        if torch.isnan(probs).any():
+            raise FloatingPointError("the model's output became NaN: training diverged (too large a learning rate?)") \
+                from exc
+        raise
 
 
 def make_optimizer(model: nn.Module, lr: float, momentum: float = 0.0) -> torch.optim.Optimizer:

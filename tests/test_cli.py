@@ -43,6 +43,19 @@ def test_an_empty_or_used_output_folder_is_refused(capsys, tmp_path, monkeypatch
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "tmpdir"]  # nothing written
 
 
+def test_confusing_inputs_are_one_sentence_before_anything_starts(capsys, tmp_path, monkeypatch):
+    assert "below 2**63" in refused(capsys, "--seed", "99999999999999999999")
+    (tmp_path / "afile").write_text("")
+    assert "afile is a file, not a folder" in refused(capsys, "--checkpoint", str(tmp_path / "afile" / "ck.pt"))
+    for value in ("abc", "0", "-1", "nan"):
+        monkeypatch.setenv("DP_PG_TIMEOUT", value)
+        assert f"DP_PG_TIMEOUT={value!r}" in refused(capsys, "--out", str(tmp_path / "r"))
+    monkeypatch.delenv("DP_PG_TIMEOUT")
+    assert cli_main(["bench", "--world-sizes", "2", "2"]) == 2
+    assert "world_sizes lists 2 more than once" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
 def test_far_more_cpu_processes_than_cores_needs_a_flag(capsys, tmp_path):
     err = refused(capsys, "--world-size", "1000", "--samples", "100000", "--out", str(tmp_path / "r"))
     assert "1000 CPU processes" in err and "--oversubscribe" in err and not (tmp_path / "r").exists()

@@ -177,3 +177,10 @@ def test_a_resume_at_another_layout_says_whether_the_global_batch_is_kept():
     assert same == {"world_size": 4, "batch_size": 5, "grad_accum_steps": 1, "global_batch_size": 20, "epoch": 2}
     assert resumed_line(same, 20).endswith("the same global batch (20), so the same steps as if uninterrupted")
     assert "changes from 20 to 10 (same --lr)" in resumed_line(layout_change(state, 2, 5, 1), 10)
+
+
+def test_a_nan_output_is_called_divergence_not_a_range_error():
+    from dp_helpers.training import bce_loss
+
+    with pytest.raises(FloatingPointError, match="output became NaN: training diverged"):
+        bce_loss(torch.tensor([[0.5], [float("nan")]]), torch.tensor([1.0, 0.0]))

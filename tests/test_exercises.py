@@ -358,3 +358,9 @@ def test_low_rank_checker_names_a_p_left_unorthonormalised(capsys):
 
     assert not check_low_rank(lambda m, q: (m @ q) @ (m.T @ (m @ q)).T)
     assert "orthonormalise P's columns" in capsys.readouterr().out
+
+
+def test_an_unknown_question_lists_the_notebooks_questions(capsys):
+    assert not ex.check_answer("00 no such question", 3)
+    out = capsys.readouterr().out
+    assert out.startswith("not yet: there is no question '00 no such question'") and "'00 " in out.split(":", 2)[2]

@@ -117,3 +117,13 @@ def test_a_full_disk_is_named_in_one_sentence_and_the_record_says_failed(nearly_
     summary = json.loads((nearly_full_disk / "run" / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["reason"].startswith("the disk is full")
     assert not list((nearly_full_disk / "run").glob("*.tmp*"))
+
+
+@pytest.mark.slow
+def test_a_bare_run_of_the_script_takes_the_checkpoint_lock_too(tmp_path):
+    script = Path(__file__).resolve().parents[1] / "dp_helpers" / "scripts" / "train.py"
+    with checkpoint_lock(tmp_path / "ck.pt"):
+        bare = subprocess.run([sys.executable, str(script), "--checkpoint", str(tmp_path / "ck.pt"), "--epochs", "1",
+                               "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=120)
+    assert bare.returncode == 2 and bare.stderr.strip().startswith("error: checkpoint"), bare.stderr
+    assert len(bare.stderr.strip().splitlines()) == 1 and not (tmp_path / "ck.pt").exists()

@@ -343,3 +343,14 @@ def test_a_ring_all_gather_that_never_waits_is_told_to_wait(tmp_path, capsys):
     path.write_text(RING.replace("        incoming.wait()\n        outgoing.wait()\n", ""))
     assert not sc.check_my_all_gather(path)
     assert "call .wait() on each handle" in capsys.readouterr().out
+
+
+def test_a_folder_a_non_utf8_file_or_an_impossible_setting_is_one_sentence(tmp_path, capsys):
+    assert not sc.check_ddp_script(tmp_path)
+    (tmp_path / "latin1.py").write_bytes("# caf\xe9\n".encode("latin-1"))
+    assert not sc.check_ddp_script(tmp_path / "latin1.py")
+    assert not sc.check_memory_prediction({"parameters": 1}, stage=7)
+    assert not sc.check_memory_prediction({"parameters": 1}, world_size=0)
+    out = capsys.readouterr().out.splitlines()
+    assert ["is a folder" in out[0], "is not UTF-8" in out[1], "stage must be 1, 2 or 3" in out[2],
+            "world_size must be a whole number" in out[3]] == [True] * 4, out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -39,6 +40,25 @@ def check_args(script_args, env, timeout) -> None:
         raise UsageError("env must be a mapping of str to str.")
     if timeout is not None:  # None: no limit
         check_positive_number("timeout", timeout)
+    check_env_numbers({**os.environ, **(env or {})})
+
+
+ENV_SECONDS = ("DP_PG_TIMEOUT", "DP_PROBE_TIMEOUT")  # read by every rank: a bad value is refused here, before a start
+
+
+def check_env_numbers(env: Mapping[str, str]) -> None:
+    """Refuse a DP_* timeout in the environment that is not a positive number of seconds, naming the variable."""
+    for name in ENV_SECONDS:
+        raw = env.get(name)
+        if raw is None:
+            continue
+        try:
+            ok = math.isfinite(float(raw)) and float(raw) > 0
+        except ValueError:
+            ok = False
+        if not ok:
+            raise UsageError(f"{name}={raw!r} in the environment: it must be a positive number of seconds; "
+                             "unset it for the default.")
 
 
 def check_nodes(world_size: int, nnodes: int, node_rank: int, rdzv_endpoint: str | None) -> None:

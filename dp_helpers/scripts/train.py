@@ -47,7 +47,13 @@ from dp_helpers.local_sgd import DiLoCo, LocalSGD
 from dp_helpers.metrics import MetricsWriter, metrics_dir
 from dp_helpers.mini_ddp import broadcast_state
 from dp_helpers.models import build_model
-from dp_helpers.runs import file_stamp, record_ending, write_atomic, write_text_atomic
+from dp_helpers.runs import (
+    checkpoint_lock,
+    file_stamp,
+    record_ending,
+    write_atomic,
+    write_text_atomic,
+)
 from dp_helpers.tasks import held_out_scores, held_out_set, loss_function, train_set
 from dp_helpers.training import (
     accumulate_step,
@@ -195,7 +201,10 @@ def run_epoch(epoch: int, step: int, model, loader, optimizer, writer: MetricsWr
     no_sync = getattr(model, "no_sync", None) if cfg.use_no_sync else None
     for index, group in enumerate(micro_batches(loader, cfg.grad_accum_steps, info.device)):
         maybe_fail(cfg, info, epoch, index)
-        loss = accumulate_step(model, group, optimizer, no_sync, hook, loss_fn).item()
+        try:
+            loss = accumulate_step(model, group, optimizer, no_sync, hook, loss_fn).item()
+        except FloatingPointError as exc:
+            raise FloatingPointError(f"{exc} at step {step} (epoch {epoch + 1}); lower --lr") from None
         samples = sum(len(x) for x, _ in group)
         writer.log(epoch=epoch, step=step, loss=loss, samples=samples)
         loss_sum, count, step = loss_sum + loss * samples, count + samples, step + 1
@@ -453,7 +462,8 @@ def main(argv: list[str] | None = None) -> None:
     def run(info: dph.DistInfo) -> None:
         """Check the config against the world size, train, say where the results are."""
         validate(cfg, info.world_size)
-        with ending_recorded_alone(cfg, info):
+        alone = "DP_RUN_DIR" not in os.environ and info.is_main  # no launcher holds the snapshot's lock: rank 0 does
+        with checkpoint_lock(cfg.checkpoint if alone else None), ending_recorded_alone(cfg, info):
             train(cfg, info)
         if "DP_RUN_DIR" not in os.environ:  # run alone or by a bare torchrun: say where the results are
             dph.print0(info, f"run folder: {info.run_dir}")
