@@ -14,12 +14,13 @@ from tests.conftest import REPO
 EXAMPLES = REPO / "examples"
 
 
-@pytest.mark.parametrize("name", ["train_ddp.py", "train_one_device.py"])
+@pytest.mark.parametrize("name", sorted(p.name for p in EXAMPLES.glob("*.py")))
 def test_nothing_comes_from_the_course(name):
     tree = ast.parse((EXAMPLES / name).read_text())
     modules = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     modules |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    assert modules and all(m.split(".")[0] in {"argparse", "gc", "os", "sys", "datetime", "torch"} for m in modules), modules
+    plain = {"argparse", "contextlib", "gc", "os", "sys", "datetime", "torch"}
+    assert modules and all(m.split(".")[0] in plain for m in modules), modules
 
 
 def test_without_torchrun_it_says_how_to_start_it(monkeypatch):
@@ -40,3 +41,35 @@ def test_under_bare_torchrun_two_ranks_equal_one_device(tmp_path):
     assert ddp.returncode == 0 and one.returncode == 0, ddp.stderr[-2000:] + one.stderr[-2000:]
     torch.testing.assert_close(torch.load(tmp_path / "ddp.pt"), torch.load(tmp_path / "one.pt"))
     assert ddp.stdout.splitlines() == one.stdout.splitlines()  # the same epoch lines, printed once
+
+
+def torchrun(tmp_path, nproc: int, *args: str) -> subprocess.CompletedProcess:
+    """examples/train_ddp_real.py under bare torchrun on nproc gloo processes, in tmp_path."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")  # one thread each: the same sums
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+                           str(EXAMPLES / "train_ddp_real.py"), "--epochs", "3", *args], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+@pytest.mark.slow
+def test_the_real_job_script_equals_one_process_and_resumes_where_it_stopped(tmp_path):
+    one = torchrun(tmp_path, 1, "--batch-size", "48", "--out", "one.pt")  # the global batch of 3 x 16
+    three = torchrun(tmp_path, 3, "--out", "three.pt")
+    torchrun(tmp_path, 2, "--batch-size", "24", "--checkpoint", "ck.pt", "--stop-after", "1")
+    resumed = torchrun(tmp_path, 2, "--batch-size", "24", "--checkpoint", "ck.pt", "--out", "resumed.pt")
+    reference = torch.load(tmp_path / "one.pt")
+    for name in ("three.pt", "resumed.pt"):  # 3 ranks x 16, and 2 ranks x 24 stopped after epoch 1 and resumed
+        torch.testing.assert_close(torch.load(tmp_path / name), reference, rtol=1e-5, atol=1e-6)
+    assert "resumed from ck.pt at epoch 2" in resumed.stdout and len(resumed.stdout.splitlines()) == 3
+    assert [ln.split("  held-out")[0] for ln in three.stdout.splitlines()] == \
+        [ln.split("  held-out")[0] for ln in one.stdout.splitlines()]  # train losses printed alike, once
+    assert float(one.stdout.split("accuracy ")[-1].rstrip("%\n")) > 80 and not list(tmp_path.glob("*.tmp"))
+
+
+@pytest.mark.slow
+def test_the_real_job_script_trains_in_bf16_close_to_fp32(tmp_path):
+    torchrun(tmp_path, 2, "--batch-size", "24", "--out", "fp32.pt")
+    torchrun(tmp_path, 2, "--batch-size", "24", "--precision", "bf16", "--out", "bf16.pt")
+    torch.testing.assert_close(torch.load(tmp_path / "bf16.pt"), torch.load(tmp_path / "fp32.pt"), rtol=0.1, atol=0.05)
