@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Mapping
 
 
 class UsageError(ValueError):
@@ -35,3 +37,18 @@ def check_choice(name: str, value, choices) -> None:
     """Refuse a value that is not one of choices."""
     if value not in choices:
         raise UsageError(f"{name} must be one of {', '.join(map(str, choices))}, got {value!r}.")
+
+
+def env_seconds(name: str, default: float, env: Mapping[str, str] | None = None) -> float:
+    """A timeout in seconds from the environment (default when unset); anything but a positive number is refused."""
+    raw = (os.environ if env is None else env).get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise UsageError(f"{name}={raw!r} in the environment: it must be a positive number of seconds; "
+                         "unset it for the default.")
+    return value

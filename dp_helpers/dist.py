@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import json
-import math
 import os
 import socket
 import sys
@@ -21,7 +20,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .checks import UsageError
+from .checks import UsageError, env_seconds
 from .env import device_for, resolve_backend
 from .runs import fresh_run_dir, write_text_atomic
 
@@ -110,27 +109,12 @@ def init_group(backend: str, rank: int, world_size: int, timeout_s: float) -> No
         dist.init_process_group(backend, store=dist.HashStore(), rank=rank, world_size=world_size, timeout=timeout)
 
 
-def pg_timeout_from_env() -> float:
-    """DP_PG_TIMEOUT (seconds) or the default; an unusable value stops the process in one sentence that names it."""
-    raw = os.environ.get("DP_PG_TIMEOUT")
-    if raw is None:
-        return DEFAULT_PG_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not math.isfinite(value) or value <= 0:
-        raise SystemExit(f"DP_PG_TIMEOUT={raw!r}: the process group's timeout must be a positive number of seconds "
-                         f"(unset it for the default, {DEFAULT_PG_TIMEOUT_S:g} s).")
-    return value
-
-
 def setup(backend: str | None = None, timeout_s: float | None = None, run_dir=None) -> DistInfo:
     """Join the process group (torchrun's, or one of size 1 alone); a mismatched collective then fails within timeout_s."""
     rank, local_rank, world_size, local_world_size = torchrun_env()
     backend = resolve_backend(backend or os.environ.get("DP_BACKEND", "auto"), world_size,
                               local_world_size=local_world_size)
-    timeout_s = float(timeout_s or pg_timeout_from_env())
+    timeout_s = float(timeout_s or env_seconds("DP_PG_TIMEOUT", DEFAULT_PG_TIMEOUT_S))
     device = device_for(backend, local_rank)
     if device.type != "cpu":
         torch.cuda.set_device(device)

@@ -82,24 +82,15 @@ def disk_full(exc: BaseException, folder: Path) -> bool:
 
 def remove_partials(*paths) -> None:
     """Remove the partial files a write_atomic of these paths left when its process was killed mid-write."""
+    import psutil
+
     for path in filter(None, paths):
         path = Path(path)
         for tmp in path.parent.glob(f"{glob.escape(path.name)}{PARTIAL}*"):
             pid = tmp.name[len(path.name) + len(PARTIAL):]
-            if pid.isdigit() and not pid_alive(int(pid)):
+            if pid.isdigit() and not psutil.pid_exists(int(pid)):
                 with contextlib.suppress(OSError):
                     tmp.unlink()
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def write_text_atomic(path, text: str) -> Path:

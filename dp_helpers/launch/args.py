@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
-import math
 import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..checks import MissingFileError, UsageError, check_int, check_positive_number
+from ..checks import MissingFileError, UsageError, check_int, check_positive_number, env_seconds
 from ..env import choose_launch, gpu_count, nccl_available
 
 
@@ -49,16 +48,7 @@ ENV_SECONDS = ("DP_PG_TIMEOUT", "DP_PROBE_TIMEOUT")  # read by every rank: a bad
 def check_env_numbers(env: Mapping[str, str]) -> None:
     """Refuse a DP_* timeout in the environment that is not a positive number of seconds, naming the variable."""
     for name in ENV_SECONDS:
-        raw = env.get(name)
-        if raw is None:
-            continue
-        try:
-            ok = math.isfinite(float(raw)) and float(raw) > 0
-        except ValueError:
-            ok = False
-        if not ok:
-            raise UsageError(f"{name}={raw!r} in the environment: it must be a positive number of seconds; "
-                             "unset it for the default.")
+        env_seconds(name, 0, env)
 
 
 def check_nodes(world_size: int, nnodes: int, node_rank: int, rdzv_endpoint: str | None) -> None:

@@ -25,6 +25,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
+from dp_helpers.checks import env_seconds
 from dp_helpers.dist import exit_without_finalizing
 
 COLLECTIVES = ("all_reduce", "broadcast", "barrier", "all_gather", "all_gather_into_tensor", "all_gather_object",
@@ -35,7 +36,7 @@ GROUP_TIMEOUT_S = 10  # a rank waiting for a collective its peers never make fai
 
 def group_timeout_s() -> float:
     """The probe's process-group timeout: DP_PROBE_TIMEOUT seconds when set (the tests' hangs), else GROUP_TIMEOUT_S."""
-    return float(os.environ.get("DP_PROBE_TIMEOUT", GROUP_TIMEOUT_S))
+    return env_seconds("DP_PROBE_TIMEOUT", GROUP_TIMEOUT_S)
 
 
 class Probe:
