@@ -19,15 +19,17 @@ def test_nothing_comes_from_the_course(name):
     tree = ast.parse((EXAMPLES / name).read_text())
     modules = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     modules |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    plain = {"argparse", "contextlib", "gc", "os", "sys", "datetime", "torch"}
+    plain = {"argparse", "contextlib", "gc", "math", "os", "pathlib", "shutil", "sys", "datetime", "torch"}
+    plain |= {p.stem for p in EXAMPLES.glob("*.py")}  # one example may take another's model and data
     assert modules and all(m.split(".")[0] in plain for m in modules), modules
 
 
-def test_without_torchrun_it_says_how_to_start_it(monkeypatch):
+@pytest.mark.parametrize("name", ["train_ddp.py", "train_ddp_real.py", "train_fsdp.py"])
+def test_without_torchrun_it_says_how_to_start_it(monkeypatch, name):
     monkeypatch.delenv("LOCAL_RANK", raising=False)
-    monkeypatch.setattr(sys, "argv", ["train_ddp.py"])
-    with pytest.raises(SystemExit, match="start me with torchrun: torchrun --standalone --nproc-per-node 2"):
-        runpy.run_path(str(EXAMPLES / "train_ddp.py"), run_name="__main__")
+    monkeypatch.setattr(sys, "argv", [name])
+    with pytest.raises(SystemExit, match=f"start me with torchrun: torchrun --standalone --nproc-per-node 2 {name}"):
+        runpy.run_path(str(EXAMPLES / name), run_name="__main__")
 
 
 @pytest.mark.slow
@@ -73,3 +75,61 @@ def test_the_real_job_script_trains_in_bf16_close_to_fp32(tmp_path):
     torchrun(tmp_path, 2, "--batch-size", "24", "--out", "fp32.pt")
     torchrun(tmp_path, 2, "--batch-size", "24", "--precision", "bf16", "--out", "bf16.pt")
     torch.testing.assert_close(torch.load(tmp_path / "bf16.pt"), torch.load(tmp_path / "fp32.pt"), rtol=0.1, atol=0.05)
+
+
+def fsdp_run(tmp_path, nproc: int, *args: str) -> subprocess.CompletedProcess:
+    """examples/train_fsdp.py under bare torchrun on nproc gloo processes, in tmp_path, 12 steps of 24 windows."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+                           str(EXAMPLES / "train_fsdp.py"), "--steps", "12", "--eval-every", "12", "--sample", "0",
+                           *args], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def one_device_lm(tmp_path) -> tuple[dict, float]:
+    """The reference, examples/train_fsdp_one_device.py: 12 steps of 24 windows; its weights and held-out loss."""
+    done = subprocess.run([sys.executable, str(EXAMPLES / "train_fsdp_one_device.py"), "--steps", "12", "--batch-size",
+                           "24", "--eval-every", "12", "--out", "one.pt"], env=dict(os.environ, OMP_NUM_THREADS="1"),
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return torch.load(tmp_path / "one.pt"), held_out_loss(done.stdout)
+
+
+def held_out_loss(stdout: str) -> float:
+    """The last held-out loss a run printed."""
+    return float(stdout.split("held-out loss ")[-1].split()[0])
+
+
+@pytest.mark.slow
+def test_the_fsdp_script_equals_one_device_stopped_and_resumed_at_another_world_size(tmp_path):
+    fsdp_run(tmp_path, 2, "--batch-size", "6", "--grad-accum-steps", "2", "--checkpoint", "ck", "--stop-after", "6",
+             "--save-every", "3")
+    assert [p.name for p in (tmp_path / "ck").iterdir()] == ["step-6"]  # the older snapshot dropped, no .tmp left
+    resumed = fsdp_run(tmp_path, 3, "--batch-size", "4", "--grad-accum-steps", "2", "--checkpoint", "ck",
+                       "--out", "resumed.pt")  # 3 x 4 x 2 = the same 24 windows per step
+    weights, held_out = one_device_lm(tmp_path)
+    torch.testing.assert_close(torch.load(tmp_path / "resumed.pt"), weights, rtol=1e-4, atol=1e-5)
+    assert resumed.stdout.splitlines()[0] == "resumed from ck/step-6 at step 7 on 3 ranks"
+    # 8 held-out windows on 3 ranks: one rank scores a stand-in it does not count, and the mean is exact
+    assert held_out_loss(resumed.stdout) == pytest.approx(held_out, abs=1e-4)
+    assert held_out < 3.3  # from about 4.0 (55 characters, uniform) in 12 steps
+
+
+@pytest.mark.slow
+def test_the_fsdp_script_as_hsdp_equals_one_device_and_bf16_stays_close(tmp_path):
+    fsdp_run(tmp_path, 4, "--batch-size", "6", "--replicas", "2", "--out", "hsdp.pt")  # 2 replicas x 2 shards
+    fsdp_run(tmp_path, 2, "--batch-size", "12", "--precision", "bf16", "--out", "bf16.pt")
+    weights, _ = one_device_lm(tmp_path)
+    torch.testing.assert_close(torch.load(tmp_path / "hsdp.pt"), weights, rtol=1e-4, atol=1e-5)
+    bf16 = torch.load(tmp_path / "bf16.pt")
+    assert all(t.dtype == torch.float32 for t in bf16.values())  # bf16 computes; the shards and steps stay fp32
+    torch.testing.assert_close(bf16, weights, rtol=0.1, atol=0.02)
+
+
+def test_the_fsdp_script_resumes_from_complete_snapshots_only(tmp_path):
+    latest = runpy.run_path(str(EXAMPLES / "train_fsdp.py"))["latest_checkpoint"]
+    assert latest(str(tmp_path)) == (None, 0)
+    for name in ("step-9", "step-10", "step-11.tmp"):  # step 11 was being written when the run stopped
+        (tmp_path / name).mkdir()
+    assert latest(str(tmp_path)) == (tmp_path / "step-10", 10)
