@@ -10,6 +10,9 @@ import pytest
 GPU_TAGS = {"requires-gpu": 1, "requires-multi-gpu": 2}
 CELL_ORDER = pytest.StashKey[dict]()  # notebook path -> its cells' names, in the notebook's order
 RAN_HERE = pytest.StashKey[dict]()  # notebook path -> names of its cells this process has started
+# tests that run only when asked for: (marker, option, the skip's reason); .ci/run passes both options
+OPT_IN = (("alone", "--notebooks-alone", "runs with --notebooks-alone (.ci/run passes it): minutes"),
+          ("long", "--long", "runs with --long (.ci/run passes it): over the 5-minute budget of pytest"))
 
 
 def gpu_count() -> int:
@@ -25,9 +28,11 @@ def is_cell(item) -> bool:
 
 
 def pytest_addoption(parser):
-    """--notebooks-alone: also run tests/test_notebooks_alone.py (each notebook in a fresh copy; .ci/run passes it)."""
+    """--notebooks-alone: also run tests/test_notebooks_alone.py; --long: also the tests marked long (.ci/run: both)."""
     parser.addoption("--notebooks-alone", action="store_true",
                      help="run every notebook alone in a fresh copy of the checkout (minutes; CI runs it)")
+    parser.addoption("--long", action="store_true",
+                     help="run the tests marked long: mistake galleries, fault injection, widest matrices (CI runs them)")
 
 
 def pytest_configure(config):
@@ -43,13 +48,14 @@ def pytest_itemcollected(item):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Notebook cells are slow (a kernel, often torchrun); cells tagged requires-gpu / requires-multi-gpu are reported
-    as skipped, with the reason, on smaller machines."""
+    """Tests marked alone or long skip, with the reason, unless their option is given; notebook cells are slow (a
+    kernel, often torchrun); cells tagged requires-gpu / requires-multi-gpu skip, with the reason, on smaller machines."""
     n = None
-    if not config.getoption("--notebooks-alone"):
-        for item in items:
-            if item.get_closest_marker("alone"):
-                item.add_marker(pytest.mark.skip(reason="runs with --notebooks-alone (.ci/run passes it): minutes"))
+    for marker, option, reason in OPT_IN:
+        if not config.getoption(option):
+            for item in items:
+                if item.get_closest_marker(marker):
+                    item.add_marker(pytest.mark.skip(reason=reason))
     for item in filter(is_cell, items):
         item.add_marker(pytest.mark.slow)
         need = max((GPU_TAGS[t] for t in item.cell.get("metadata", {}).get("tags", []) if t in GPU_TAGS), default=0)

@@ -375,4 +375,50 @@ MESSAGES: dict[str, str] = {
         ("在 3 个和 4 个 rank 上，五种形状和数据类型：结果与 dist.all_gather 相同，消息只发给右邻居，"
          "每个 rank 发送 (W - 1) 块。"),
     "a {n} x {k} matrix M and a {k} x {r} Q": "一个 {n} x {k} 的矩阵 M 和一个 {k} x {r} 的 Q",
+    # notebook 07's capstone (capstone.py)
+    "the real-job skeleton": "真实任务脚本的骨架",
+    "write its four functions": "写出其中的四个函数",
+    ("clip_grad_norm_ comes before scaler.unscale_(optimizer): with fp16 it would clip the scaled gradients, thousands "
+     "of times too large; call scaler.unscale_(optimizer) first."):
+        "clip_grad_norm_ 出现在 scaler.unscale_(optimizer) 之前：用 fp16 时它裁剪的是放大过的梯度，大了几千倍；请先调用 scaler.unscale_(optimizer)。",
+    ("no_sync() must wrap the forward as well as the backward: DDP decides in the forward whether the backward "
+     "all-reduces"):
+        "no_sync() 必须同时包住前向和反向：DDP 在前向时就决定反向是否做全归约",
+    "run every micro-batch but a step's last under model.no_sync()": "除了每一步的最后一个微批次，其余微批次都要放在 model.no_sync() 里运行",
+    ("DDP all-reduced the gradients {buckets} times for {steps} optimizer steps (one bucket each): every micro-batch "
+     "synchronised; {where}."):
+        "DDP 对梯度做了 {buckets} 次全归约，而优化器只走了 {steps} 步（每次一个桶）：每个微批次都做了同步；{where}。",
+    ("DDP all-reduced the gradients {buckets} times for {steps} optimizer steps: a step's last micro-batch must run "
+     "outside no_sync(), or the ranks step on gradients they never averaged."):
+        "DDP 对梯度做了 {buckets} 次全归约，而优化器走了 {steps} 步：每一步的最后一个微批次必须在 no_sync() 之外运行，否则各 rank 用的是从未平均过的梯度。",
+    ("rank {rank} wrote the checkpoint too: only rank 0 may write it (under `if rank == 0:`), or the ranks overwrite "
+     "each other's file."):
+        "rank {rank} 也写了检查点：只有 rank 0 可以写（放在 `if rank == 0:` 下面），否则各 rank 会互相覆盖文件。",
+    "nothing was written at --checkpoint {path}: rank 0 must torch.save the state there after every epoch.":
+        "--checkpoint {path} 处什么也没写：rank 0 必须在每个 epoch 之后用 torch.save 把状态保存到那里。",
+    ("rank 0 wrote straight into {path}: a run killed mid-write leaves half a file; write a temporary file and "
+     "os.replace it onto {path}."):
+        "rank 0 直接写进了 {path}：写到一半被杀掉的运行会留下半个文件；请先写一个临时文件，再用 os.replace 把它换到 {path}。",
+    "rank 0 never renamed a file onto {path}: write a temporary file, then os.replace(tmp, {path}).":
+        "rank 0 从未把文件重命名为 {path}：请先写一个临时文件，再调用 os.replace(tmp, {path})。",
+    ("stopped after epoch 1, the resumed run trained epochs {epochs}: load_checkpoint must return the epoch the "
+     "checkpoint saved (next_epoch), so that training goes on at epoch 2."):
+        "在第 1 个 epoch 后停下，恢复后的运行训练的是第 {epochs} 个 epoch：load_checkpoint 必须返回检查点保存的 epoch（next_epoch），训练才会从第 2 个 epoch 接着进行。",
+    ("on resume rank {rank} never loaded an optimizer state: optimizer.load_state_dict(...) on every rank, or SGD's "
+     "momentum starts again from zero."):
+        "恢复时 rank {rank} 没有加载优化器状态：每个 rank 都要调用 optimizer.load_state_dict(...)，否则 SGD 的动量会从零开始。",
+    "stopped after epoch 1 and resumed on {world_size} ranks": "在 {world_size} 个 rank 上训练一个 epoch 后停下再恢复",
+    "on {world_size} ranks": "在 {world_size} 个 rank 上",
+    "{what}, nothing was saved at --out: keep main()'s torch.save of the model.":
+        "{what}，--out 处什么也没保存：请保留 main() 中保存模型的 torch.save。",
+    ("{what}, the weights differ from one process on the batch of {batch} by up to {gap:.3g}: is each loss divided by "
+     "the group's number of samples, and are the optimizer and scaler restored?"):
+        "{what}，权重与批次为 {batch} 的单进程最多相差 {gap:.3g}：每个损失是否都除以了这一组的样本数？优化器和 scaler 是否都恢复了？",
+    ("{what}, the held-out scores are {got}, one process prints {expected}: score every held-out sample once (rank r "
+     "takes r, r + W, ...; a DistributedSampler pads with repeats) and all-reduce the sums and the count."):
+        "{what}，验证集得分是 {got}，单进程打印的是 {expected}：每个验证集样本恰好评估一次（rank r 取第 r、r + W、……个；DistributedSampler 会用重复样本填充），并对各项之和与样本数做全归约。",
+    ("on 2 ranks (stopped after epoch 1 and resumed) and on 3, your script ends with the weights and prints the scores "
+     "of one process on the global batch of {batch}, with one all-reduce per optimizer step and a checkpoint rank 0 "
+     "alone writes and renames into place."):
+        "在 2 个 rank 上（训练一个 epoch 后停下再恢复）和 3 个 rank 上，你的脚本得到的权重和打印的得分都与全局批次为 {batch} 的单进程相同；每个优化器步骤只做一次全归约，检查点只由 rank 0 写入并重命名到位。",
 }

@@ -110,7 +110,7 @@ def build_model(args, vocab: int, device: torch.device, mesh) -> nn.Module:
 
 
 def initialise(model: nn.Module, args, vocab: int, rank: int) -> None:
-    """Rank 0 builds the initial weights on its CPU (as if loading a pretrained model); FSDP2 scatters the shards."""
+    """Rank 0 builds the initial weights on its CPU (as a pretrained model is loaded); each rank keeps its shards."""
     full = {}
     if rank == 0:
         torch.manual_seed(args.seed)

@@ -149,6 +149,7 @@ def test_no_process_outlives_a_stopped_cli(tmp_path, monkeypatch, sig, code):
     assert survivors(marker) == []
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.parametrize("gap", [0.02, 0.3])
 def test_ctrl_c_twice_still_leaves_the_record(tmp_path, monkeypatch, gap):

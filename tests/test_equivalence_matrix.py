@@ -24,7 +24,7 @@ REFUSED = {("fully_shard", "tied weights"): "is shared with a parameter already 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("world", [1, 2, *(pytest.param(w, marks=pytest.mark.long) for w in (3, 4))])
 def test_every_strategy_equals_one_process_in_every_case(pools, world):
     ranks = pools.get(world).run(matrix.every_cell)
     exact = {"rtol": 0, "atol": 0} if world == 1 else {"rtol": 1e-6, "atol": 1e-7}

@@ -55,6 +55,7 @@ def torchrun(tmp_path, nproc: int, *args: str) -> subprocess.CompletedProcess:
     return done
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_the_real_job_script_equals_one_process_and_resumes_where_it_stopped(tmp_path):
     one = torchrun(tmp_path, 1, "--batch-size", "48", "--out", "one.pt")  # the global batch of 3 x 16
@@ -70,6 +71,7 @@ def test_the_real_job_script_equals_one_process_and_resumes_where_it_stopped(tmp
     assert float(one.stdout.split("accuracy ")[-1].rstrip("%\n")) > 80 and not list(tmp_path.glob("*.tmp"))
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_the_real_job_script_trains_in_bf16_close_to_fp32(tmp_path):
     torchrun(tmp_path, 2, "--batch-size", "24", "--out", "fp32.pt")
@@ -101,6 +103,7 @@ def held_out_loss(stdout: str) -> float:
     return float(stdout.split("held-out loss ")[-1].split()[0])
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_the_fsdp_script_equals_one_device_stopped_and_resumed_at_another_world_size(tmp_path):
     fsdp_run(tmp_path, 2, "--batch-size", "6", "--grad-accum-steps", "2", "--checkpoint", "ck", "--stop-after", "6",
@@ -116,6 +119,7 @@ def test_the_fsdp_script_equals_one_device_stopped_and_resumed_at_another_world_
     assert held_out < 3.3  # from about 4.0 (55 characters, uniform) in 12 steps
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_the_fsdp_script_as_hsdp_equals_one_device_and_bf16_stays_close(tmp_path):
     fsdp_run(tmp_path, 4, "--batch-size", "6", "--replicas", "2", "--out", "hsdp.pt")  # 2 replicas x 2 shards

@@ -116,6 +116,7 @@ def test_hung_rank_fails_within_the_process_group_timeout(write_script, tmp_path
     assert info.value.ranks[0] == 0 and "Timed out" in info.value.cause
 
 
+@pytest.mark.long
 def test_timeout_kills_workers_that_ignore_signals(write_script, tmp_path):
     script, pid_dir = write_script(STUBBORN), tmp_path / "pids"
     pid_dir.mkdir()
@@ -148,6 +149,7 @@ def test_interrupt_stops_the_whole_tree(write_script, tmp_path):
     assert pids_alive(pids) == []
 
 
+@pytest.mark.long
 def test_killed_kernel_takes_the_tree_with_it(write_script, tmp_path):
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
@@ -185,6 +187,7 @@ print("all started", flush=True)
 """
 
 
+@pytest.mark.long
 def test_launches_from_a_parent_with_busy_threads(write_script, tmp_path):
     script = write_script("import os\nprint('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'])\n")
     proc = subprocess.run([sys.executable, "-c", BUSY_PARENT, "8", str(script), str(tmp_path)],

@@ -24,6 +24,7 @@ def test_worker_lines_reach_the_notebook_cell(write_script, tmp_path):
     assert "returncode 0" in text
 
 
+@pytest.mark.long
 def test_two_trainings_at_once(tmp_path):
     procs = [subprocess.Popen([sys.executable, "-m", "dp_helpers", "train", "--epochs", "1", "--world-size", "1",
                                "--out", str(tmp_path / f"run{i}")], stdout=subprocess.PIPE,

@@ -15,7 +15,7 @@ from dp_helpers.launch import run_train
 from dp_helpers.metrics import mark_superseded, read_metrics
 from dp_helpers.runs import write_atomic
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 # the synthetic task, 5 steps per epoch on 2 ranks: the mechanism costs seconds; notebook 07 does the same on digits
 JOB = {"lr": 0.1, "momentum": 0.9, "epochs": 3}

@@ -107,6 +107,7 @@ def nearly_full_disk(tmp_path):
         subprocess.run(["umount", str(mount)], check=False)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_a_full_disk_is_named_in_one_sentence_and_the_record_says_failed(nearly_full_disk, tmp_path):
     cli = subprocess.run([sys.executable, "-m", "dp_helpers", "train", "--epochs", "2", "--out",

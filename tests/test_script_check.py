@@ -43,6 +43,7 @@ def write(tmp_path: Path, text: str) -> Path:
     return path
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_the_solution_is_correct_on_2_and_3_ranks_in_two_kernels_at_once(tmp_path):
     path, temp = write(tmp_path, SOLUTION), tmp_path / "tmp"  # the checkers' folders go under temp: seen, then gone
@@ -57,6 +58,7 @@ def test_the_solution_is_correct_on_2_and_3_ranks_in_two_kernels_at_once(tmp_pat
     assert not list(temp.glob("dp-course-*"))  # each used a folder of its own and removed it (torch keeps caches)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(MISTAKES))
 def test_each_mistake_is_named(name, tmp_path, capsys, monkeypatch):
@@ -219,6 +221,7 @@ def test_each_bucket_or_gradient_mistake_is_named(order, ratio, gap, words):
     assert problem is None if words is None else words in problem
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_the_ddp_core_solution_equals_torchs_ddp(tmp_path, capsys):
     path = tmp_path / "my_ddp_core.py"
@@ -256,6 +259,7 @@ def test_each_zero1_record_problem_is_named(ranks, words):
     assert problem is None if words is None else words in problem
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_the_zero1_solution_equals_one_process(tmp_path, capsys):
     path = tmp_path / "my_zero1.py"
@@ -268,6 +272,7 @@ def test_the_zero1_solution_equals_one_process(tmp_path, capsys):
 LAUNCHED = [(sc.check_my_ddp, CORE, "my_ddp_core.py", "not yet: on rank 0, ", *m) for m in CORE_MISTAKES.values()]
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.parametrize("checker, solution, name, start, edit, words", LAUNCHED,
                          ids=[*CORE_MISTAKES])
@@ -280,6 +285,7 @@ def test_each_launched_mistake_is_named(checker, solution, name, start, edit, wo
     assert out.startswith(start) and words in out, out
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_a_memory_prediction_is_measured_on_three_ranks(capsys):
     right = runpy.run_path(str(SOLUTIONS / "08_4.py"))["prediction"]  # the solution asserts its own verdict
@@ -298,6 +304,7 @@ def test_an_unanswered_prediction_starts_nothing(capsys):
 RING = (SOLUTIONS / "03_3.py").read_text()
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_the_ring_all_gather_solution_equals_dist_all_gather(tmp_path, capsys):
     path = tmp_path / "my_all_gather.py"
@@ -337,6 +344,7 @@ def test_a_hang_and_an_abort_in_the_ring_are_explained():
     assert "differs from its receive buffer" in sc.message_problem(abort, 3)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_a_ring_all_gather_that_never_waits_is_told_to_wait(tmp_path, capsys):
     path = tmp_path / "my_all_gather.py"

@@ -208,6 +208,7 @@ def test_accumulation_equals_the_large_batch_with_a_short_last_micro_batch(tmp_p
     torch.testing.assert_close(final_weights(run.run_dir), reference.state_dict)
 
 
+@pytest.mark.long
 def test_resume_checks_its_file_and_sizes_the_bar(tmp_path, pools, capsys):
     cli = [sys.executable, "-m", "dp_helpers", "train", "--epochs", "3"]
     ckpt = tmp_path / "ckpt.pt"

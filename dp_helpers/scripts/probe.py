@@ -6,7 +6,9 @@ The script runs unchanged, as `__main__`; the probes only write down, one JSON l
 <run>/probe/rank<r>.jsonl, what it did: every collective it entered and left, the process group (given a
 short timeout, so a mismatched collective fails in seconds), the DistributedSampler's settings and the
 epoch of each pass over it, whether the model was wrapped in DistributedDataParallel, and what torch.save
-wrote where, the DataLoader's batch size. Every line is flushed at once, so a rank that dies still leaves its record.
+wrote where, the DataLoader's batch size, files renamed, optimizer steps and loaded optimizer states, and with
+DP_PROBE_BUCKETS=1 each bucket DDP all-reduces. Every line is flushed at once, so a rank that dies still leaves its
+record.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
+from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import DataLoader, DistributedSampler
 
 from dp_helpers.checks import env_seconds
@@ -103,6 +106,30 @@ def install(probe: Probe) -> None:
     DistributedSampler.__init__ = sampler_init
     around(DistributedSampler, "__iter__", probe, note=lambda self: {"epoch": self.epoch})
     around(DataLoader, "__init__", probe, note=loader_settings)
+    for name in ("replace", "rename"):  # a checkpoint renamed into place (pathlib's Path.replace calls os.replace)
+        around(os, name, probe, note=lambda src, dst, *a, **k: {"src": str(src), "dst": str(dst)})
+    around(torch.optim.Optimizer, "load_state_dict", probe)
+    register_optimizer_step_post_hook(lambda *args: probe(event="optimizer_step"))
+    if os.environ.get("DP_PROBE_BUCKETS"):  # notebook 07's capstone: count DDP's gradient all-reduces
+        count_buckets(probe, dist.all_reduce.__wrapped__)
+
+
+def count_buckets(probe: Probe, all_reduce) -> None:
+    """Give every DDP model a comm hook that records each bucket, then all-reduces it as DDP's default does."""
+    built = DistributedDataParallel.__init__
+
+    def hook(state, bucket):
+        """torch's allreduce_hook (divide by the world size, sum), one record per bucket."""
+        probe(event="bucket", bytes=bucket.buffer().numel() * bucket.buffer().element_size())
+        tensor = bucket.buffer().div_(dist.get_world_size())
+        return all_reduce(tensor, async_op=True).get_future().then(lambda fut: fut.value()[0])
+
+    def init(self, *args, **kwargs):
+        """The original __init__, then the counting hook."""
+        built(self, *args, **kwargs)
+        self.register_comm_hook(None, hook)
+
+    DistributedDataParallel.__init__ = init
 
 
 def loader_settings(loader, dataset=None, batch_size=1, *args, **kwargs) -> dict:
