@@ -33,8 +33,12 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn import functional as F
+
+try:  # public under this name from torch 2.6
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+except ImportError:
+    sys.exit(f"train_fsdp.py needs torch >= 2.6 (torch.distributed.fsdp.fully_shard); this is torch {torch.__version__}")
 
 TEXT = Path(__file__).with_name("data") / "sonnets.txt"  # nine of Shakespeare's sonnets (1609), public domain
 

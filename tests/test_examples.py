@@ -32,6 +32,13 @@ def test_without_torchrun_it_says_how_to_start_it(monkeypatch, name):
         runpy.run_path(str(EXAMPLES / name), run_name="__main__")
 
 
+def test_on_a_torch_without_public_fully_shard_the_fsdp_script_says_which_it_needs(monkeypatch):
+    import torch.distributed.fsdp as fsdp
+    monkeypatch.delattr(fsdp, "fully_shard")  # as on torch < 2.6, where it lived in torch.distributed._composable
+    with pytest.raises(SystemExit, match=r"train_fsdp.py needs torch >= 2.6 .*this is torch "):
+        runpy.run_path(str(EXAMPLES / "train_fsdp.py"), run_name="__main__")
+
+
 @pytest.mark.slow
 def test_under_bare_torchrun_two_ranks_equal_one_device(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")  # one thread each: the same sums
