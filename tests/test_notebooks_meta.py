@@ -96,6 +96,37 @@ def test_the_first_notebook_maps_the_whole_route():
         assert f"]({path.name})" in table and re.search(rf"^\| {path.name[:2]} \|.*\| \d+ min", table, re.M), path.name
 
 
+def route_rows() -> dict[str, list[str]]:
+    """Notebook 00's route table: the cells of each notebook's row, by number."""
+    table = next(c.source for c in nbformat.read(NOTEBOOKS[0], as_version=4).cells if c.source.startswith("## 6. The route"))
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in table.splitlines()]
+    return {r[0]: r for r in rows if re.fullmatch(r"\d\d", r[0])}
+
+
+def test_the_core_route_takes_at_most_three_hours_and_its_times_are_not_below_the_estimate():
+    from tools import notebooks
+
+    rows, core = route_rows(), {}
+    for path in NOTEBOOKS:
+        row, estimate = rows[path.name[:2]], notebooks.minutes(path)
+        assert int(row[4].split()[0]) >= estimate["with exercises"], path.name  # the table adds a run's seconds
+        if row[3] != "optional":
+            core[path.name[:2]] = int(row[3].split()[0])
+            assert core[path.name[:2]] >= estimate["core, with its exercises"], path.name
+    assert sorted(core) == ["00", "03", "06", "07", "08"] and sum(core.values()) <= 180, core
+    assert max(core.values()) <= 50, core  # "about 40": 00 and 07 (the capstone) are the longest
+
+
+def test_a_deep_dive_heading_takes_its_section_or_exercise_off_the_core_route():
+    from tools import notebooks
+
+    md = nbformat.v4.new_markdown_cell
+    cells = [md("## 1. Core\n" + "word " * 150), md("## 2. Inner (deep dive, optional)\n" + "word " * 300),
+             md("### 2.1 More\n" + "word " * 150), md("## 3. Back\n**1. (deep dive, optional)** " + "word " * 150)]
+    deep = [(d, sum(len(c.source.split()) for c in cs)) for d, cs in notebooks.parts(cells)]
+    assert deep == [(False, 0), (False, 153), (True, 306), (True, 153), (False, 3), (True, 154)]
+
+
 def exported_names() -> set[str]:
     names = set()
     for mod in pkgutil.walk_packages(dp_helpers.__path__, "dp_helpers."):

@@ -126,20 +126,52 @@ def execute(path: Path, timeout: int = 1200) -> None:
 
 READING_WPM, CODE_LINES_PER_MIN = 150, 12  # a learner's pace, for the route's estimates
 MIN_PER_QUESTION, MIN_PER_CODE_EXERCISE = 3, 12  # an answer to compute; code to write, run and fix
+# minutes the counts miss: 00's side-by-side diff of two scripts, 07's capstone (four functions, not one)
+EXTRA_MINUTES = {"00": 7, "07": 15}
+DEEP_DIVE = "deep dive, optional"  # in parentheses, ends the heading of a section, subsection or exercise a first reading skips
+PART = re.compile(r"^(#{2,3} |\*\*(?:Exercise )?\d+\b)", re.M)  # a section, a subsection, an exercise
 
 
-def minutes(path: Path) -> dict:
-    """A notebook's size and the minutes a learner needs: reading, and reading plus the exercises (running excluded)."""
-    cells = nbformat.read(path, as_version=4).cells
+def parts(cells) -> list[tuple[bool, list]]:
+    """The notebook cut at its headings and exercises: (deep dive?, the text and code under it), in order."""
+    out: list[tuple[bool, list]] = [(False, [])]
+    section = False  # inside a deep-dive section, its subsections and exercises are deep dives too
+    for cell in cells:
+        if cell.cell_type == "code":
+            out[-1][1].append(cell)
+            continue
+        pieces = PART.split(cell.source)
+        out[-1][1].append(nbformat.v4.new_markdown_cell(pieces[0]))
+        for mark, text in zip(pieces[1::2], pieces[2::2], strict=True):
+            deep = DEEP_DIVE in (text.splitlines() or [""])[0]
+            section = deep if mark.startswith("## ") else section
+            out.append((deep or section, [nbformat.v4.new_markdown_cell(mark + text)]))
+    return out
+
+
+def cost(cells) -> tuple[float, int, int]:
+    """Reading minutes, questions and code exercises of some cells."""
     words = sum(len(c.source.split()) for c in cells if c.cell_type == "markdown")
     lines = sum(len(c.source.splitlines()) for c in cells if c.cell_type == "code")
     asks = [c.source for c in cells if c.cell_type == "code" and re.search(r"^(check_|start_)\w+\(", c.source, re.M)]
     code = sum(bool(re.search(r"raise NotImplementedError|^start_\w+_exercise\(", a, re.M)) for a in asks)
     questions = sum(bool(re.search(r"^check_answer\(|^check_\w+_prediction\(", a, re.M)) for a in asks)
-    reading = words / READING_WPM + lines / CODE_LINES_PER_MIN
-    return {"words": words, "code lines": lines, "questions": questions, "code exercises": code,
-            "reading": round(reading), "with exercises": round(reading + questions * MIN_PER_QUESTION
-                                                                + code * MIN_PER_CODE_EXERCISE)}
+    return words / READING_WPM + lines / CODE_LINES_PER_MIN, questions, code
+
+
+def minutes(path: Path) -> dict:
+    """A notebook's minutes for a learner (running excluded): reading, with the exercises, and its core alone."""
+    cut = parts(nbformat.read(path, as_version=4).cells)
+    every = [c for _, cells in cut for c in cells]
+    core = [c for deep, cells in cut if not deep for c in cells]
+    extra = EXTRA_MINUTES.get(path.name[:2], 0)
+    return {"reading": round(cost(every)[0]), "with exercises": round(with_exercises(*cost(every)) + extra),
+            "core, with its exercises": round(with_exercises(*cost(core)) + extra)}
+
+
+def with_exercises(reading: float, questions: int, code: int) -> float:
+    """Reading minutes plus the exercises'."""
+    return reading + questions * MIN_PER_QUESTION + code * MIN_PER_CODE_EXERCISE
 
 
 def main(argv: list[str] | None = None) -> int:
