@@ -5,8 +5,7 @@ import torch
 
 from dp_helpers.config import TrainConfig
 from dp_helpers.reference import train_reference
-from dp_helpers.scripts import ddp_internals, evaluate, pitfall_runs
-from dp_helpers.training import bce_loss
+from dp_helpers.scripts import ddp_internals, pitfall_runs
 from tests.ranks import RankError
 from tests.test_train import train_rank
 
@@ -80,24 +79,6 @@ def test_module_prefix(fixed):
     assert found["wrapper_keys"] == ["module.fc.weight", "module.fc.bias"]
     assert 'Unexpected key(s) in state_dict: "module.fc.weight"' in found["error"]
     assert found["module_keys"] == ["fc.weight", "fc.bias"]
-
-
-def test_padded_evaluation_is_skewed_and_exact_sums_are_not(pools):
-    from dp_helpers.data import make_synthetic
-    from dp_helpers.models import build_model
-
-    result = pools.get(4).run(run_evaluate, 10)[0]
-    data, model = make_synthetic(10, 10, seed=0), build_model("linear", 10, seed=0)
-    with torch.no_grad():
-        loss = bce_loss(model(data.data), data.target).item()
-    assert result["exact"]["samples"] == 10 and result["padded"]["samples"] == 12
-    assert result["exact"]["loss"] == pytest.approx(loss, rel=1e-6)
-    assert abs(result["padded"]["loss"] - loss) > 1e-3
-
-
-def run_evaluate(info, samples: int) -> dict:
-    """scripts/evaluate.py's evaluation on this rank."""
-    return evaluate.evaluate(samples, info)
 
 
 def run_experiments(info, argv: list[str]) -> dict:
