@@ -82,7 +82,7 @@ def train(device: torch.device, local_rank: int, epochs: int = 10) -> None:
             optimizer.step()
             loss_sum, count = loss_sum + loss.item() * len(inputs), count + len(inputs)
         totals = torch.tensor([loss_sum, count], dtype=torch.float64, device=device)
-        dist.all_reduce(totals)  # every rank calls it: the sums over all ranks
+        dist.all_reduce(totals)  # every rank calls it: the sums over all ranks (padded when W does not divide 100)
         if dist.get_rank() == 0:
             print(f"epoch {epoch} mean loss {(totals[0] / totals[1]).item():.4f}", flush=True)
     del model, optimizer  # free DDP before its group, or gloo may abort at exit
