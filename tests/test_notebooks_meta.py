@@ -96,17 +96,10 @@ def test_the_first_notebook_maps_the_whole_route():
         assert f"]({path.name})" in table and re.search(rf"^\| {path.name[:2]} \|.*\| \d+ min", table, re.M), path.name
 
 
-def route_rows() -> dict[str, list[str]]:
-    """Notebook 00's route table: the cells of each notebook's row, by number."""
-    table = next(c.source for c in nbformat.read(NOTEBOOKS[0], as_version=4).cells if c.source.startswith("## 6. The route"))
-    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in table.splitlines()]
-    return {r[0]: r for r in rows if re.fullmatch(r"\d\d", r[0])}
-
-
 def test_the_core_route_takes_at_most_three_hours_and_its_times_are_not_below_the_estimate():
-    from tools import notebooks
+    from tools import notebooks, site
 
-    rows, core = route_rows(), {}
+    rows, core = site.route_rows("en"), {}
     for path in NOTEBOOKS:
         row, estimate = rows[path.name[:2]], notebooks.minutes(path)
         assert int(row[4].split()[0]) >= estimate["with exercises"], path.name  # the table adds a run's seconds

@@ -164,8 +164,8 @@ def minutes(path: Path) -> dict:
     cut = parts(nbformat.read(path, as_version=4).cells)
     every = [c for _, cells in cut for c in cells]
     core = [c for deep, cells in cut if not deep for c in cells]
-    extra = EXTRA_MINUTES.get(path.name[:2], 0)
-    return {"reading": round(cost(every)[0]), "with exercises": round(with_exercises(*cost(every)) + extra),
+    extra, whole = EXTRA_MINUTES.get(path.name[:2], 0), cost(every)
+    return {"reading": round(whole[0]), "with exercises": round(with_exercises(*whole) + extra),
             "core, with its exercises": round(with_exercises(*cost(core)) + extra)}
 
 

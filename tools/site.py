@@ -76,16 +76,20 @@ def html_of(lang: str, page: str) -> str:
     return LANGS[lang]["root"] + str(Path(page).with_suffix(".html"))
 
 
-def route(lang: str) -> list[tuple[str, str]]:
-    """(page, sidebar title) per notebook: its own title, then its time (or 'optional') from notebook 00's route."""
+def route_rows(lang: str) -> dict[str, list[str]]:
+    """Notebook 00's route table in one language: the cells of each notebook's row, by its number."""
     nb0 = nbformat.read(source_of(lang, english_notebooks()[0]), as_version=4)
     table = next(c.source for c in nb0.cells if c.cell_type == "markdown" and "| 00 |" in c.source)
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in table.splitlines()]
+    return {r[0]: r for r in rows if len(r) >= 4 and re.fullmatch(r"\d\d", r[0])}
+
+
+def route(lang: str) -> list[tuple[str, str]]:
+    """(page, sidebar title) per notebook: its own title, then its time (or 'optional') from notebook 00's route."""
     times = {}
-    for line in table.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) >= 4 and re.fullmatch(r"\d\d", cells[0]):
-            # a notebook on the core route shows its time there, one off it the time for all of it and "optional"
-            times[cells[0]] = cells[3] if re.search(r"\d", cells[3]) else f"{cells[4]}{'，' if lang == 'zh-CN' else ', '}{cells[3]}"
+    for number, cells in route_rows(lang).items():
+        # a notebook on the core route shows its time there, one off it the time for all of it and "optional"
+        times[number] = cells[3] if re.search(r"\d", cells[3]) else f"{cells[4]}{'，' if lang == 'zh-CN' else ', '}{cells[3]}"
     return [(f"notebooks/{nb.stem}", f"{title(source_of(lang, nb))} · {times[nb.name[:2]]}")
             for nb in english_notebooks()]
 
