@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import multiprocessing
 import os
 import socket
 import sys
@@ -172,6 +173,8 @@ def exit_without_finalizing(run: Callable[[], object]) -> None:
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()
+    if code == 0 and multiprocessing.parent_process() is not None:
+        return  # forked by torchrun's agent (--start-method fork): it waits for the return; fork's exit never finalizes
     os._exit(code)
 
 

@@ -237,3 +237,37 @@ def test_a_segfault_shows_the_ranks_own_last_lines(write_script, tmp_path):
     assert info.value.ranks[0] == 1 and "exit code -11" in message
     own = message.split("rank 1's last lines:")[1].splitlines()[0]
     assert "last words before the crash" in own and "Segmentation fault" in own and len(message.splitlines()) <= 5
+
+
+def test_a_forked_rank_runs_a_script_as_a_fresh_python_would(write_script, tmp_path):
+    # on CPUs the ranks are forked from torchrun (--run-path --start-method fork): the script must not notice
+    write_script("X = 'a sibling module'\n", name="sibling.py")
+    script = write_script("""
+        import atexit, signal, sys, torch
+        import sibling  # found next to the script, as `python script.py` finds it
+        atexit.register(print, "exit handler ran", flush=True)
+        print(__name__, sys.argv[1:], sibling.X, signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
+              signal.getsignal(signal.SIGINT) is signal.default_int_handler, flush=True)
+        print("draw", torch.rand(1).item(), flush=True)  # unseeded: every fresh Python draws its own
+        """)
+    log = run_ddp(script, "--flag", "x", world_size=2, out_dir=tmp_path / "run", timeout=120, echo=False).log
+    for rank in (0, 1):
+        assert f"[rank {rank}/2] __main__ ['--flag', 'x'] a sibling module True True" in log
+        assert f"[rank {rank}/2] exit handler ran" in log
+    assert len({line.split()[-1] for line in log.splitlines() if " draw " in line}) == 2
+
+
+def test_a_killed_rank_is_blamed_not_the_peer_that_lost_it(write_script, tmp_path):
+    # forked workers: torchrun names the first failed rank it polls, and rank 0 dies within milliseconds of rank 1
+    script = write_script("""
+        import os, signal, torch, torch.distributed as dist
+        dist.init_process_group("gloo")
+        for step in range(100):
+            if dist.get_rank() == 1 and step == 3:
+                os.kill(os.getpid(), signal.SIGKILL)
+            dist.all_reduce(torch.ones(1))
+        """)
+    for attempt in range(3):  # the two deaths fall into one poll of torchrun's monitor or into two
+        with pytest.raises(DistributedRunError) as info:
+            run_ddp(script, world_size=2, out_dir=tmp_path / f"run{attempt}", timeout=60, echo=False)
+        assert str(info.value).startswith("rank 1 failed with exit code -9: killed by SIGKILL"), str(info.value)

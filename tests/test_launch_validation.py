@@ -4,6 +4,7 @@ import functools
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -140,3 +141,12 @@ def test_default_run_folder_is_named_after_the_script(tmp_path, monkeypatch, scr
     file_plan = command.plan_launch(script, (), 2, "gloo", None, 60, 1, 0, None, None, None)
     assert module_plan.run_dir.parent == tmp_path / "runs" and module_plan.run_dir.name.split("-")[2] == "train"
     assert file_plan.run_dir.name.split("-")[2] == "worker"
+
+
+def test_ranks_are_forked_from_torchrun_on_cpus_only(script, tmp_path):
+    fork = ["--run-path", "--start-method", "fork"]
+    target = [str(Path(script).resolve())]
+    gloo = command.torchrun_command(target, (), Path("r"), 2, 1, None, fork=True)
+    nccl = command.torchrun_command(target, (), Path("r"), 2, 1, None)
+    assert gloo[gloo.index("--run-path"):gloo.index(target[0])] == fork and "--run-path" not in nccl
+    assert "--run-path" in command.plan_launch(script, (), 2, "gloo", tmp_path / "run", 60, 1, 0, None, None, None).command

@@ -57,8 +57,12 @@ def child_env(run_dir: Path, world_size: int, backend: str, extra,
 
 
 def torchrun_command(target: list[str], script_args, run_dir: Path, world_size: int, nnodes: int,
-                     rdzv_endpoint: str | None, max_restarts: int = 0) -> list[str]:
+                     rdzv_endpoint: str | None, max_restarts: int = 0, fork: bool = False) -> list[str]:
     """torchrun's command line, started through dp_helpers.launch.agent (same flags as `python -m torch.distributed.run`)."""
+    # fork: the workers are forked from torchrun's agent, which has imported torch, instead of each starting a Python
+    # that imports it again (agent.py); only on Linux CPUs: no CUDA state for a fork to break (nccl is not forked),
+    # and macOS forks a process that has loaded system frameworks badly (Python itself spawns there)
+    start = ["--run-path", "--start-method", "fork"] if fork else []
     if nnodes == 1:
         rdzv = ["--standalone"]  # the store binds a free port itself: no fixed port, no race
     else:  # c10d's rank order follows arrival, so no --node-rank: it would be ignored
@@ -66,7 +70,7 @@ def torchrun_command(target: list[str], script_args, run_dir: Path, world_size: 
                 "--rdzv-id", "dp_helpers", "--rdzv-conf", f"join_timeout={JOIN_TIMEOUT_S}"]
     return [sys.executable, "-m", "dp_helpers.launch.agent", *rdzv,
             "--nproc-per-node", str(world_size // nnodes), "--max-restarts", str(max_restarts),
-            "--tee", "3", "--log-dir", str(run_dir / "logs"), "--monitor-interval", "0.1", *target, *map(str, script_args)]
+            "--tee", "3", "--log-dir", str(run_dir / "logs"), "--monitor-interval", "0.1", *start, *target, *map(str, script_args)]
 
 
 def plan_launch(script, script_args, world_size, backend, out_dir, timeout, nnodes, node_rank,
@@ -82,7 +86,8 @@ def plan_launch(script, script_args, world_size, backend, out_dir, timeout, nnod
     backend = resolve_backend(backend, world_size, local_world_size=world_size // nnodes)
     name = target[-1].rsplit(".", 1)[-1] if target[0] == "-m" else Path(target[0]).stem
     run_dir = prepare_run_dir(out_dir, name)
-    command = torchrun_command(target, script_args, run_dir, world_size, nnodes, rdzv_endpoint, max_restarts)
+    command = torchrun_command(target, script_args, run_dir, world_size, nnodes, rdzv_endpoint, max_restarts,
+                               fork=backend == "gloo" and sys.platform.startswith("linux"))
     local = nnodes == 1 or str(rdzv_endpoint).rsplit(":", 1)[0] in ("127.0.0.1", "localhost")
     return LaunchPlan(command, child_env(run_dir, world_size, backend, env, local, max_restarts), run_dir,
                       world_size, backend, None if timeout is None else float(timeout), progress)

@@ -197,7 +197,7 @@ def failure(rc: int, log: str, run_dir: Path, found: list[Failure] | None = None
     if found[1:]:
         lines.append("then " + "; ".join(map(fate, found[1:])))
     said = [line.split("] ", 1)[-1] for line in rank_output(log, first.rank)]
-    said = [w for w in said if w.strip() and not w[0].isspace() and not w.startswith(("Current thread", "Thread 0x"))]
+    said = [w for w in said if w.strip() and not w[0].isspace() and not w.startswith(("Current thread", "Thread 0x", "Extension modules:"))]
     if said and (first.exit_code < 0 or not first.exception):  # a signal or sys.exit: its last words are the clue
         lines.append(f"rank {first.rank}'s last lines: " + " | ".join(w[:160] for w in said[-2:]))
     return DistributedRunError("\n".join([*lines, full]), ranks=tuple(f.rank for f in found),
