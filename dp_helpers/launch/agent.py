@@ -65,6 +65,7 @@ def keep_every_failure() -> None:
     poll = api.MultiprocessContext._poll
 
     def every_failure(self):
+        """MultiprocessContext._poll, plus a failure for each worker already dead before it looked."""
         dead = {i: p.exitcode for i, p in enumerate(self._pc.processes) if p.exitcode not in (None, 0)}
         result = poll(self)
         for i, code in dead.items() if result is not None and result.failures else ():
