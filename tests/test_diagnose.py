@@ -180,3 +180,15 @@ def test_torchrun_stopped_from_outside_is_said_in_one_sentence(tmp_path):
     log = ("torch.distributed.elastic.multiprocessing.api.SignalException: Process 4242 got signal: 15\n")
     err = failure(1, log, tmp_path, found=[])
     assert str(err).startswith("torchrun itself was stopped by SIGTERM from outside") and "no rank failed" in str(err)
+
+
+@pytest.mark.parametrize("line, listing", [
+    ("Extension modules: psutil._psutil_linux, numpy._core._multiarray_umath, torch._C (total: 3)", True),
+    (", torch._C, torch._C._dynamo.autograd_compiler, torch._C._fft", True),  # a long line that arrived cut
+    ("numpy._core._multi", True),
+    ("last words before the crash", False), ("Fatal Python error: Segmentation fault", False),
+    ("loss=0.5, acc=0.9", False), ("a, b", False), ("done.", False)])
+def test_faulthandlers_module_list_is_not_taken_for_a_ranks_last_words(line, listing):
+    from dp_helpers.launch.diagnose import MODULE_LIST
+
+    assert bool(MODULE_LIST.fullmatch(line)) == listing

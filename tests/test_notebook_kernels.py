@@ -38,6 +38,7 @@ def test_the_guard_names_the_cells_that_ran_elsewhere():
     assert root.cells_missing_before(fake_cell(config, "nb", "Cell 1")) == []
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_a_notebook_split_over_two_workers_fails_loudly(tmp_path):
     shutil.copy(REPO / "conftest.py", tmp_path)

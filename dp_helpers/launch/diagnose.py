@@ -101,6 +101,11 @@ VICTIM_RE = re.compile(r"Connection (closed|reset) by peer|Connection refused|re
 STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")  # how torchrun (or a person) stops the other ranks
 
 
+# faulthandler's "Extension modules: torch._C, ..." after a crash, or a piece of it (a long line can arrive cut)
+MODULE_LIST = re.compile(r"(?=.*\w\.\w)(Extension modules:)?[\s,]*(\w+(\.\w+)+|\w+)?(\s*,\s*[\w.]+)+[\s,]*(\(total: \d+\))?|"
+                         r"Extension modules:.*|\w+(\.\w+)+,?")
+
+
 def suspicion(f: Failure) -> int:
     """0: its own exception; 1: crashed (SIGSEGV, ...); 2: SIGKILL; 3: its own exit code; 4: a peer's failure; 5: stopped."""
     if f.exception and not VICTIM_RE.search(f.exception):
@@ -197,7 +202,8 @@ def failure(rc: int, log: str, run_dir: Path, found: list[Failure] | None = None
     if found[1:]:
         lines.append("then " + "; ".join(map(fate, found[1:])))
     said = [line.split("] ", 1)[-1] for line in rank_output(log, first.rank)]
-    said = [w for w in said if w.strip() and not w[0].isspace() and not w.startswith(("Current thread", "Thread 0x", "Extension modules:"))]
+    said = [w for w in said if w.strip() and not w[0].isspace() and not w.startswith(("Current thread", "Thread 0x"))
+            and not MODULE_LIST.fullmatch(w.strip())]
     if said and (first.exit_code < 0 or not first.exception):  # a signal or sys.exit: its last words are the clue
         lines.append(f"rank {first.rank}'s last lines: " + " | ".join(w[:160] for w in said[-2:]))
     return DistributedRunError("\n".join([*lines, full]), ranks=tuple(f.rank for f in found),
