@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import json
-import multiprocessing
 import os
 import socket
 import sys
@@ -173,8 +172,8 @@ def exit_without_finalizing(run: Callable[[], object]) -> None:
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()
-    if code == 0 and multiprocessing.parent_process() is not None:
-        return  # forked by torchrun's agent (--start-method fork): it waits for the return; fork's exit never finalizes
+    if code == 0 and os.environ.get("DP_FORKED_RANK") == str(os.getpid()):
+        return  # forked by torchrun's agent (--start-method fork): it waits for the return; a fork's exit never finalizes
     os._exit(code)
 
 

@@ -270,3 +270,17 @@ def test_a_killed_rank_is_blamed_not_the_peer_that_lost_it(write_script, tmp_pat
     with pytest.raises(DistributedRunError) as info:  # without the fix rank 0 was blamed in most runs here
         run_ddp(script, world_size=2, out_dir=tmp_path / "run", timeout=60, echo=False)
     assert str(info.value).startswith("rank 1 failed with exit code -9: killed by SIGKILL"), str(info.value)
+
+
+def test_a_forked_rank_ends_as_a_fresh_python_would(write_script, tmp_path):
+    # sys.exit(main()) with main returning None is a success (torchrun waited forever for a forked rank's return)
+    done = write_script("import sys\ndef main():\n    print('ran', flush=True)\nsys.exit(main())\n", name="ok.py")
+    assert "[rank 1/2] ran" in run_ddp(done, world_size=2, out_dir=tmp_path / "ok", timeout=60, echo=False).log
+    # an exception's traceback is printed by the rank, from the script's own frame, as Python prints it
+    boom = write_script("def f():\n    raise ValueError('boom')\nf()\n", name="boom.py")
+    with pytest.raises(DistributedRunError) as info:
+        run_ddp(boom, world_size=2, out_dir=tmp_path / "boom", timeout=60, echo=False)
+    log = (info.value.run_dir / "console.log").read_text()
+    rank1 = [line for line in log.splitlines() if line.startswith("[rank 1/2]")]
+    assert rank1[:2] == ["[rank 1/2] Traceback (most recent call last):", f'[rank 1/2]   File "{boom}", line 3, in <module>']
+    assert "[rank 1/2] ValueError: boom" in rank1

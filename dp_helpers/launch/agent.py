@@ -9,8 +9,11 @@ forked child of a threaded parent must not run Python before exec):
   the exception each rank's @record error file holds), which the launcher reads instead of parsing text.
 With torchrun's own `--run-path --start-method fork` (what run_ddp passes on CPUs) each worker is forked from this
 process, which has imported torch already, and runs the script through runpy: on 2 cores that saves about 2 s of CPU
-per worker per launch. `--run-path` takes a file; here it takes a module too (`--run-path -m pkg.mod`), each fork
-starts as a fresh Python would (fresh_python), and torchrun names every worker that had died, not only the first.
+per worker per launch. `--run-path` takes a file; with `-m` (torchrun's --module, which --run-path ignores) the target
+here is a module, run as `python -m` would. Each fork starts and ends as a fresh Python would (fresh_python,
+run_target), and torchrun names every worker that had died, not only the first. What a fork cannot undo: every rank
+has the agent's hash seed (the same set order on every rank), and environment variables a script sets before
+`import torch` come too late (torch is imported already).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import os
 import runpy
 import signal
 import sys
+import traceback
 from pathlib import Path
 
 from ..runs import write_text_atomic
@@ -107,8 +111,29 @@ def run_target(target: str, *script_args: str) -> None:
             runpy.run_path(target, run_name="__main__")
         else:
             runpy.run_module(target, run_name="__main__", alter_sys=True)
-    finally:
-        atexit._run_exitfuncs()  # a fork ends in os._exit: run the script's own exit handlers, as Python's exit would
+    except SystemExit as exc:  # sys.exit(), sys.exit(None), sys.exit(0): a success, which torchrun sees only returned
+        atexit._run_exitfuncs()
+        if exc.code not in (None, 0):
+            raise  # torchrun's wrapper ends the fork with this code (a message: printed, code 1)
+        return
+    except BaseException as exc:  # a fresh Python prints the traceback; torchrun's wrapper would only store it
+        print_from_script(exc, target)
+        atexit._run_exitfuncs()
+        if isinstance(exc, KeyboardInterrupt):  # torchrun's wrapper would end the fork with code 0
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)  # as a fresh Python ends after an uncaught Ctrl-C
+        raise
+    atexit._run_exitfuncs()  # a fork ends in os._exit: run the exit handlers, as Python's exit would
+
+
+def print_from_script(exc: BaseException, target: str) -> None:
+    """Print the traceback as a fresh Python would, from the script's first frame (not runpy's, not this file's)."""
+    tb, agent = exc.__traceback__, os.path.abspath(__file__)
+    while tb is not None and (tb.tb_frame.f_code.co_filename in (agent, runpy.__file__)
+                              or tb.tb_frame.f_code.co_filename.startswith("<frozen")):
+        tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb or exc.__traceback__)
+    sys.stderr.flush()
 
 
 def fresh_python(target: str) -> None:
@@ -116,13 +141,13 @@ def fresh_python(target: str) -> None:
     import numpy
     import torch
 
+    os.environ["DP_FORKED_RANK"] = str(os.getpid())  # dist.worker: return, for torchrun, instead of os._exit(0)
     # torchrun's handlers turn SIGTERM into an exception
     signal.signal(signal.SIGINT, signal.default_int_handler)
     for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(number, signal.SIG_DFL)
     torch.seed()  # every rank would draw the agent's random numbers: each fresh Python seeds its own at random
     numpy.random.seed()  # (Python's own random module reseeds itself after a fork)
-    atexit._clear()  # the agent's exit handlers are not the script's
     # the script's folder first on the import path for a file (`python script.py`), the working folder for -m
     sys.path[0] = os.path.dirname(os.path.abspath(target)) if target.endswith(".py") else os.getcwd()
 

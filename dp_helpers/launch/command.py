@@ -60,8 +60,8 @@ def torchrun_command(target: list[str], script_args, run_dir: Path, world_size: 
                      rdzv_endpoint: str | None, max_restarts: int = 0, fork: bool = False) -> list[str]:
     """torchrun's command line, started through dp_helpers.launch.agent (same flags as `python -m torch.distributed.run`)."""
     # fork: the workers are forked from torchrun's agent, which has imported torch, instead of each starting a Python
-    # that imports it again (agent.py); only on Linux CPUs: no CUDA state for a fork to break (nccl is not forked),
-    # and macOS forks a process that has loaded system frameworks badly (Python itself spawns there)
+    # that imports it again (agent.py); only with gloo on Linux: the agent never initialises CUDA, so a fork breaks no
+    # CUDA state (nccl is not forked), and macOS forks a process that has loaded system frameworks badly
     start = ["--run-path", "--start-method", "fork"] if fork else []
     if nnodes == 1:
         rdzv = ["--standalone"]  # the store binds a free port itself: no fixed port, no race
