@@ -106,24 +106,25 @@ def run_target(target: str, *script_args: str) -> None:
     """A forked worker: `python script.py args` or `python -m module args`, run in this interpreter by runpy."""
     fresh_python(target)
     sys.argv = [target, *script_args]  # run_module(alter_sys=True) sets argv[0] to the module's file, as -m does
+    interrupted = False
     try:
         if target.endswith(".py"):
             runpy.run_path(target, run_name="__main__")
         else:
             runpy.run_module(target, run_name="__main__", alter_sys=True)
     except SystemExit as exc:  # sys.exit(), sys.exit(None), sys.exit(0): a success, which torchrun sees only returned
-        atexit._run_exitfuncs()
         if exc.code not in (None, 0):
             raise  # torchrun's wrapper ends the fork with this code (a message: printed, code 1)
-        return
     except BaseException as exc:  # a fresh Python prints the traceback; torchrun's wrapper would only store it
         print_from_script(exc, target)
-        atexit._run_exitfuncs()
-        if isinstance(exc, KeyboardInterrupt):  # torchrun's wrapper would end the fork with code 0
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGINT)  # as a fresh Python ends after an uncaught Ctrl-C
-        raise
-    atexit._run_exitfuncs()  # a fork ends in os._exit: run the exit handlers, as Python's exit would
+        interrupted = isinstance(exc, KeyboardInterrupt)  # torchrun's wrapper would end the fork with code 0
+        if not interrupted:
+            raise
+    finally:
+        atexit._run_exitfuncs()  # a fork ends in os._exit: run the exit handlers, as Python's exit would
+    if interrupted:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)  # as a fresh Python ends after an uncaught Ctrl-C
 
 
 def print_from_script(exc: BaseException, target: str) -> None:
@@ -138,7 +139,6 @@ def print_from_script(exc: BaseException, target: str) -> None:
 
 def fresh_python(target: str) -> None:
     """Undo what a fork inherits from torchrun and a fresh interpreter would not have."""
-    import numpy
     import torch
 
     os.environ["DP_FORKED_RANK"] = str(os.getpid())  # dist.worker: return, for torchrun, instead of os._exit(0)
@@ -147,7 +147,8 @@ def fresh_python(target: str) -> None:
     for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(number, signal.SIG_DFL)
     torch.seed()  # every rank would draw the agent's random numbers: each fresh Python seeds its own at random
-    numpy.random.seed()  # (Python's own random module reseeds itself after a fork)
+    if "numpy" in sys.modules:  # imported by the agent, so inherited (Python's own random reseeds itself after a fork)
+        sys.modules["numpy"].random.seed()
     # the script's folder first on the import path for a file (`python script.py`), the working folder for -m
     sys.path[0] = os.path.dirname(os.path.abspath(target)) if target.endswith(".py") else os.getcwd()
 

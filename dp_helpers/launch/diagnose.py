@@ -102,7 +102,7 @@ STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")  # how torchrun (or a person) sto
 
 
 # faulthandler's "Extension modules: torch._C, ..." after a crash, or a piece of it (a long line can arrive cut)
-MODULE_LIST = re.compile(r"(?=.*\w\.\w)(Extension modules:)?[\s,]*(\w+(\.\w+)+|\w+)?(\s*,\s*[\w.]+)+[\s,]*(\(total: \d+\))?|"
+MODULE_LIST = re.compile(r"(?=.*\w\.\w)[\s,]*(\w+(\.\w+)*)?(\s*,\s*[\w.]+)+[\s,]*(\(total: \d+\))?|"
                          r"Extension modules:.*|\w+(\.\w+)+,?")
 
 
