@@ -60,7 +60,10 @@ def test_the_failure_transcript_is_the_notebooks_run_in_both_readmes():
     for text in (README, README_ZH):
         block = block_after(text, '"status": "failed"')
         errors = [line.removeprefix("error: ") for line in block if not line.startswith("[rank ")]
-        assert errors[:-1] == ran and errors[-1].startswith("every rank's full output and tracebacks: ")
+        # whether rank 0 had died of the lost connection by the time torchrun looked is a race: a line either way
+        leading = [line for line in errors[:-1] if not line.endswith("(a consequence)")]
+        assert leading == [line for line in ran if not line.endswith("(a consequence)")] and len(leading) >= 2
+        assert errors[-1].startswith("every rank's full output and tracebacks: ")
         attempt = cell_output("max_restarts=1")  # the same job's first attempt, up to the fault
         assert all(line in attempt for line in steady(block) if line.startswith("[rank ")) and block[0].startswith("[rank ")
 
