@@ -1,4 +1,4 @@
-"""The training step shared by the DDP script and the single-process reference (taught in notebooks 03 and 05; mixed precision in 09)."""
+"""The training step shared by the DDP script and the single-process reference (run in notebook 03; notebook 05 teaches accumulation with a plain-torch script; mixed precision in 09)."""
 
 from __future__ import annotations
 

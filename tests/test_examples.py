@@ -39,6 +39,7 @@ def test_on_a_torch_without_public_fully_shard_the_fsdp_script_says_which_it_nee
         runpy.run_path(str(EXAMPLES / "train_fsdp.py"), run_name="__main__")
 
 
+@pytest.mark.long  # an equivalence run of the examples (notebooks 00, 07 and 08 run them through the launcher)
 @pytest.mark.slow
 def test_under_bare_torchrun_two_ranks_equal_one_device(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")  # one thread each: the same sums

@@ -100,6 +100,7 @@ def test_crashing_rank_is_named_fast(write_script, tmp_path):
     assert str(err).startswith("rank 1 failed with exit code 1: ValueError: boom on rank 1 at step 3")
 
 
+@pytest.mark.long  # fault injection: the long tests (notebooks 06 and 07 run a hang and a killed rank by default)
 def test_crash_without_record_is_still_named(write_script, tmp_path):
     script = write_script("import os\nif os.environ['RANK'] == '1':\n    raise KeyError('no record here')\n")
     with pytest.raises(DistributedRunError) as info:
@@ -107,6 +108,7 @@ def test_crash_without_record_is_still_named(write_script, tmp_path):
     assert info.value.ranks[0] == 1 and "KeyError: 'no record here'" in str(info.value)
 
 
+@pytest.mark.long  # fault injection: the long tests (notebooks 06 and 07 run a hang and a killed rank by default)
 def test_hung_rank_fails_within_the_process_group_timeout(write_script, tmp_path):
     script = write_script(CRASH.replace('raise ValueError("boom on rank 1 at step 3")', "import time; time.sleep(600)"))
     with pytest.raises(DistributedRunError) as info:  # the group's 3 s, long before the run's 60 s
@@ -138,6 +140,7 @@ def start_kernel(script, pid_dir, out_dir):
     return kernel, set(pids) | set(tree)
 
 
+@pytest.mark.long  # fault injection: the long tests (notebooks 06 and 07 run a hang and a killed rank by default)
 def test_interrupt_stops_the_whole_tree(write_script, tmp_path):
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
@@ -221,6 +224,7 @@ def test_run_json_reads_what_rank_0_wrote(tmp_path, monkeypatch):
 # two local nodes == one node (weights, and each node's metrics in its own folder) is notebook 09's, run by this suite
 
 
+@pytest.mark.long  # fault injection: the long tests (notebooks 06 and 07 run a hang and a killed rank by default)
 def test_a_segfault_shows_the_ranks_own_last_lines(write_script, tmp_path):
     # a crash in native code leaves no Python exception: the rank's own output is the only clue
     script = write_script("""
@@ -257,6 +261,7 @@ def test_a_forked_rank_runs_a_script_as_a_fresh_python_would(write_script, tmp_p
     assert len({line.split()[-1] for line in log.splitlines() if " draw " in line}) == 2
 
 
+@pytest.mark.long  # fault injection: the long tests (notebooks 06 and 07 run a hang and a killed rank by default)
 def test_a_killed_rank_is_blamed_not_the_peer_that_lost_it(write_script, tmp_path):
     # forked workers: torchrun names the first failed rank it polls, and rank 0 dies within milliseconds of rank 1
     script = write_script("""
