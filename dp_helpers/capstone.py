@@ -7,8 +7,8 @@ steps) on 2 gloo ranks stopped after an epoch, again to resume, and on 3; it com
 lines with examples/train_ddp_real.py on one process with the global batch, and names the first mistake it finds in
 one sentence: an all-reduce per micro-batch (no `no_sync`, or `no_sync` around the backward only), clipping before
 unscaling, a checkpoint written by every rank or straight into place, a resume that restarts the epochs or the
-optimizer, held-out scores from padded shards, a hang. fp16 needs GPUs, so clipping before unscaling is read from
-the source, not run; the template's model has no dropout, so a lost random state is not observable here.
+optimizer, held-out scores from padded shards, a hang. fp16 runs on GPUs only in these scripts, so clipping
+before unscaling is read from the source, not run; the template's model has no dropout, so a lost random state is not observable here.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def call_lines(tree: ast.AST, name: str) -> list[int]:
 
 
 def source_problem(text: str) -> str | None:
-    """What the source alone shows: clipping the scaled gradients (fp16 needs GPUs, so it is read, not run)."""
+    """What the source alone shows: clipping the scaled gradients (fp16 runs on GPUs only in these scripts: read, not run)."""
     tree = ast.parse(text)
     clips, unscales = call_lines(tree, "clip_grad_norm_"), call_lines(tree, "unscale_")
     if clips and (not unscales or min(unscales) > min(clips)):

@@ -52,7 +52,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--max-grad-norm", type=float, default=1.0, help="clip the global gradient norm to this")
     parser.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
-                        help="bf16: autocast; fp16: autocast with a GradScaler (GPUs only)")
+                        help="bf16: autocast; fp16: autocast with a GradScaler (GPUs, in this script)")
     parser.add_argument("--checkpoint", default=None, help="save after every epoch; resume from it if it exists")
     parser.add_argument("--stop-after", type=int, default=None, help="stop after this many epochs of this run")
     parser.add_argument("--seed", type=int, default=0)
@@ -142,7 +142,7 @@ def main() -> None:
     local_rank, local_world_size = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
     device, backend = pick_device(local_rank, local_world_size)
     if args.precision == "fp16" and device.type != "cuda":
-        sys.exit("--precision fp16 needs GPUs (a GradScaler guards its small range); on CPUs use bf16.")
+        sys.exit("--precision fp16 runs on GPUs in this script (a GradScaler guards its range); on CPUs use bf16.")
     dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
     rank, world_size = dist.get_rank(), dist.get_world_size()
 
