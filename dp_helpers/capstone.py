@@ -8,7 +8,8 @@ lines with examples/train_ddp_real.py on one process with the global batch, and 
 one sentence: an all-reduce per micro-batch (no `no_sync`, or `no_sync` around the backward only), clipping before
 unscaling, a checkpoint written by every rank or straight into place, a resume that restarts the epochs or the
 optimizer, held-out scores from padded shards, a hang. fp16 runs on GPUs only in these scripts, so clipping
-before unscaling is read from the source, not run; the template's model has no dropout, so a lost random state is not observable here.
+before unscaling is read from the source, not run; the template's model has no dropout, so a lost random state
+is not observable here.
 """
 
 from __future__ import annotations

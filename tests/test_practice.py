@@ -52,14 +52,8 @@ def test_syncbn_is_refused_on_cpu(tmp_path, pools):
 # resume == an uninterrupted run (history, unwrapped keys, no .tmp left) is notebook 07's section 1, run by this suite
 
 
-@pytest.fixture(scope="module")
-def fixed(pools):
-    """The module-prefix case's per-rank results."""
-    return {"module-prefix": pools.get(2).run(run_case, "module-prefix")}
-
-
-def test_module_prefix(fixed):
-    found = fixed["module-prefix"][0]
+def test_module_prefix(pools):
+    found = pools.get(2).run(run_case, "module-prefix")[0]  # rank 0's
     assert found["wrapper_keys"] == ["module.fc.weight", "module.fc.bias"]
     assert 'Unexpected key(s) in state_dict: "module.fc.weight"' in found["error"]
     assert found["module_keys"] == ["fc.weight", "fc.bias"]
