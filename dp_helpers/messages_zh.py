@@ -150,6 +150,8 @@ MESSAGES: dict[str, str] = {
         "dist.all_reduce 只有在 async_op=True 时才返回 work 句柄（不加它就会阻塞，并返回 None）",
     "`param in a_list` compares tensors by value; use a set, or compare ids":
         "`param in a_list` 会按值比较张量；请改用 set，或者比较 id",
+    "{path}: {names} still raise NotImplementedError, as in the skeleton: write their bodies, then run this again.":
+        "{path}：{names} 仍是骨架里的 raise NotImplementedError：写出它们的函数体，再运行一次。",
     "a method of the skeleton still raises NotImplementedError: write its body":
         "骨架中还有方法抛出 NotImplementedError：请写出它的方法体",
     "(every rank's output": "（所有 rank 的输出",

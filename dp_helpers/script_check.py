@@ -11,6 +11,7 @@ one process; and a byte count per rank is predicted, then measured.
 
 from __future__ import annotations
 
+import ast
 import atexit
 import contextlib
 import functools
@@ -362,7 +363,22 @@ def file_problem(path: Path, template: Path, untouched: str) -> str | None:
         compile(text, str(path), "exec")
     except SyntaxError as exc:
         return tr("{path}, line {line}: {error}.", path=path, line=exc.lineno, error=exc.msg)
+    left = [name for name in unwritten(text) if name in unwritten(template.read_text(encoding="utf-8"))]
+    if left:  # the launch would only end in this NotImplementedError, seconds later
+        return tr("{path}: {names} still raise NotImplementedError, as in the skeleton: write their bodies, then run "
+                  "this again.", path=path, names=", ".join(left))
     return None
+
+
+def unwritten(text: str) -> list[str]:
+    """The functions and methods whose whole body, a docstring aside, is `raise NotImplementedError`, in order."""
+    stubs = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body[1:] if ast.get_docstring(node) is not None else node.body
+            if len(body) == 1 and isinstance(body[0], ast.Raise) and "NotImplementedError" in ast.unparse(body[0]):
+                stubs.append((node.lineno, node.name))
+    return [name for _, name in sorted(stubs)]
 
 
 def check_ddp_script(path="my_ddp.py") -> Verdict:

@@ -105,6 +105,17 @@ def test_an_untouched_skeleton_is_not_launched(tmp_path, capsys):
     assert not capstone.check_real_job(str(tmp_path / "zh.py"))
 
 
+
+def test_a_half_written_skeleton_names_the_functions_left_and_launches_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(capstone, "launched_problem", lambda *a: pytest.fail("launched an unwritten skeleton"))
+    template, example = capstone.TEMPLATE.read_text(), ast.parse(EXAMPLE)
+    stub = next(n for n in ast.parse(template).body if getattr(n, "name", "") == "evaluate")
+    written = next(n for n in example.body if getattr(n, "name", "") == "evaluate")
+    text = template.replace(ast.get_source_segment(template, stub), ast.get_source_segment(EXAMPLE, written))
+    (tmp_path / "my_real_job.py").write_text(text)
+    assert not capstone.check_real_job(str(tmp_path / "my_real_job.py"))
+    assert "train_step, save_checkpoint, load_checkpoint still raise NotImplementedError" in capsys.readouterr().out
+
 @pytest.mark.long
 @pytest.mark.slow
 def test_the_right_answer_passes_on_2_and_3_ranks(tmp_path, capsys):

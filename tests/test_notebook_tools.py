@@ -1,8 +1,12 @@
 """tools/notebooks.py: what CI checks on committed notebooks, and the re-execution command."""
 
+import inspect
+import re
+
 import nbformat
 import pytest
 
+from tools import edition
 from tools import notebooks as nbtools
 
 
@@ -51,6 +55,16 @@ def test_execute_writes_a_clean_run(tmp_path):
     nbtools.execute(path, timeout=120)
     assert nbtools.problems(path) == []
 
+
+def test_execute_starts_every_exercise_from_its_template(tmp_path):
+    called = set(re.findall(r"^(start_\w+_exercise)\(", "".join(
+        c.source + "\n" for p in edition.english_notebooks() for c in nbformat.read(p, as_version=4).cells), re.M))
+    assert called and called <= {f.__name__ for f in nbtools.exercise_starts()}  # a new exercise is cleared too
+    left = [tmp_path / inspect.signature(f).parameters["path"].default for f in nbtools.exercise_starts()]
+    for path in left:
+        path.write_text("# a run's leftover, which the start would keep and the checker would run")
+    nbtools.fresh_exercise_files(tmp_path)
+    assert not any(path.exists() for path in left)
 
 def test_strip_volatile_drops_widget_outputs(tmp_path):
     nb = nbformat.read(make_notebook(tmp_path / "01_a.ipynb", widget=True), as_version=4)

@@ -102,12 +102,17 @@ def strip_volatile(nb) -> None:
             cell.outputs = [o for o in cell.outputs if WIDGET_VIEW not in o.get("data", {})]
 
 
+def exercise_starts() -> list:
+    """Every function that copies an exercise's template beside the notebook (start_*_exercise)."""
+    from dp_helpers import capstone, script_check
+
+    return [f for m in (script_check, capstone) for name, f in vars(m).items()
+            if re.fullmatch(r"start_\w+_exercise", name) and f.__module__ == m.__name__]
+
+
 def fresh_exercise_files(folder: Path) -> None:
     """Remove the files the exercises copy from their templates, so a committed run starts from the templates."""
-    from dp_helpers import script_check
-
-    for start in (script_check.start_ddp_exercise, script_check.start_my_ddp_exercise,
-                  script_check.start_my_zero1_exercise, script_check.start_my_all_gather_exercise):
+    for start in exercise_starts():  # a file left there is kept by the start (a learner's work), and checked instead
         (folder / inspect.signature(start).parameters["path"].default).unlink(missing_ok=True)
 
 
