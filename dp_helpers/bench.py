@@ -18,9 +18,10 @@ from pathlib import Path
 
 from . import env
 from .checks import UsageError, check_int
+from .files import write_text_atomic
 from .launch import run_ddp
 from .launch.process import run_tree
-from .runs import prepare_run_dir, write_text_atomic
+from .runs import prepare_run_dir
 from .training import PRECISIONS, precision_problem
 
 

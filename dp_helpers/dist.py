@@ -22,7 +22,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .checks import UsageError, env_seconds
 from .env import device_for, resolve_backend
-from .runs import fresh_run_dir, write_text_atomic
+from .files import write_text_atomic
+from .runs import fresh_run_dir
 
 DEFAULT_PG_TIMEOUT_S = 30.0
 

@@ -18,6 +18,7 @@ import warnings
 from pathlib import Path
 
 from .checks import UsageError
+from .files import write_text_atomic
 
 REQUIRED = ("rank", "world_size", "epoch", "step", "loss", "samples", "time")
 
@@ -39,8 +40,6 @@ def encode_float(value: float) -> float | str:
 
 def mark_superseded(path: Path, from_step: int, attempt: int) -> int:
     """Mark the records at step >= from_step as superseded by restart `attempt` (rewritten whole, then renamed); returns how many."""
-    from .runs import write_text_atomic
-
     lines, marked = path.read_text(encoding="utf-8").splitlines(keepends=True), 0
     for i, line in enumerate(lines):
         if not line.endswith("\n"):  # a line cut short by the crash: no record to keep

@@ -132,7 +132,7 @@ def save_loss_figure(run_dir, path, title: str | None = None) -> Path:
     fig = Figure(figsize=(8, 4.5))  # no pyplot: no backend switch, no figure left open in a notebook
     plot_run(run_dir, ax=fig.subplots(), title=title)
     fig.tight_layout()
-    from .runs import write_atomic
+    from .files import write_atomic
 
     return write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))  # no half-written png, ever
 

@@ -1,4 +1,4 @@
-"""The run folder: a fresh one per run, refused when it already holds a run, files written whole (torch-free).
+"""The run folder: a fresh one per run, refused when it already holds a run; its records written whole (torch-free).
 
 Every launcher and every script writes here: `run_ddp` creates it and tells the workers its path
 (`DP_RUN_DIR`), a script started without a launcher creates its own (notebook 03).
@@ -7,17 +7,14 @@ Every launcher and every script writes here: `run_ddp` creates it and tells the 
 from __future__ import annotations
 
 import contextlib
-import errno
-import glob
 import json
 import os
-import shutil
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 from .checks import UsageError
+from .files import write_text_atomic
 from .metrics import MetricsTail, metrics_dir
 
 
@@ -45,57 +42,6 @@ def prepare_run_dir(out_dir, name: str) -> Path:
     except OSError as exc:
         raise UsageError(f"output folder {run_dir} is not writable ({exc.strerror}).") from None
     return run_dir
-
-
-def write_atomic(path, write: Callable[[Path], None]) -> Path:
-    """Call write(tmp) on a temporary name beside `path`, then rename it into place: readers never see half a file."""
-    path = Path(path)
-    tmp = path.with_name(f"{path.name}{PARTIAL}{os.getpid()}")
-    try:
-        write(tmp)
-        with open(tmp, "rb") as done:
-            os.fsync(done.fileno())  # on disk before the rename, so even a power cut leaves old or new
-        os.replace(tmp, path)  # atomic on one file system: the old file or the new one, never a mix
-    except Exception as exc:
-        if disk_full(exc, path.parent):  # torch.save says "unexpected pos ..." where the disk is full
-            raise OSError(errno.ENOSPC, f"the disk is full: {path.name} could not be written in {path.parent} "
-                          f"(an earlier {path.name}, if any, is kept)") from exc
-        raise
-    finally:
-        with contextlib.suppress(OSError):  # the clean-up must not hide the error that stopped the write
-            tmp.unlink(missing_ok=True)
-    return path
-
-
-PARTIAL = ".tmp"  # write_atomic's partial file: <name>.tmp<pid>, renamed into place or removed
-
-
-def disk_full(exc: BaseException, folder: Path) -> bool:
-    """Whether a failed write failed because the disk (of folder) is full: ENOSPC, or less than 1 MiB left."""
-    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-        return True
-    try:
-        return shutil.disk_usage(folder).free < 2**20
-    except OSError:
-        return False
-
-
-def remove_partials(*paths) -> None:
-    """Remove the partial files a write_atomic of these paths left when its process was killed mid-write."""
-    import psutil
-
-    for path in filter(None, paths):
-        path = Path(path)
-        for tmp in path.parent.glob(f"{glob.escape(path.name)}{PARTIAL}*"):
-            pid = tmp.name[len(path.name) + len(PARTIAL):]
-            if pid.isdigit() and not psutil.pid_exists(int(pid)):
-                with contextlib.suppress(OSError):
-                    tmp.unlink()
-
-
-def write_text_atomic(path, text: str) -> Path:
-    """Write a text file whole (see write_atomic)."""
-    return write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
 @contextlib.contextmanager

@@ -79,9 +79,9 @@ class CharLM(nn.Module):
         return self.head(self.norm(x))
 
 
-def load_text(held_out: float = 0.1) -> tuple[torch.Tensor, torch.Tensor, str]:
+def load_text(path=TEXT, held_out: float = 0.1) -> tuple[torch.Tensor, torch.Tensor, str]:
     """The text as character ids, split into a training part and a held-out tail; and its alphabet."""
-    text = TEXT.read_text(encoding="utf-8")
+    text = Path(path).read_text(encoding="utf-8")
     alphabet = "".join(sorted(set(text)))
     ids = torch.tensor([alphabet.index(c) for c in text])
     cut = int(len(ids) * (1 - held_out))
@@ -141,6 +141,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--stop-after", type=int, default=None, help="stop after this many steps of this run")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--text", default=str(TEXT), help="a UTF-8 text to learn (default: the sonnets in data/)")
     parser.add_argument("--out", default="model.pt", help="the full weights, written by rank 0 at the end")
     parser.add_argument("--sample", type=int, default=200, help="characters rank 0 generates at the end")
     parser.add_argument("--timeout", type=float, default=60, help="seconds to wait for the others")
@@ -266,7 +267,7 @@ def main() -> None:
         sys.exit("start me with torchrun: torchrun --standalone --nproc-per-node 2 train_fsdp.py")
     device, mesh = setup(args)
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    train_ids, held_out, alphabet = load_text()
+    train_ids, held_out, alphabet = load_text(args.text)
     model = build_model(args, len(alphabet), device, mesh)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)  # after fully_shard: it steps the shards
     start = resume_or_initialise(model, optimizer, args, len(alphabet), rank)

@@ -10,7 +10,7 @@ import argparse
 import torch
 from torch import nn
 from torch.nn import functional as F
-from train_fsdp import CharLM, load_text, step_starts, windows
+from train_fsdp import TEXT, CharLM, load_text, step_starts, windows
 
 
 def parse_args() -> argparse.Namespace:
@@ -24,6 +24,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-grad-norm", type=float, default=1.0)
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--text", default=str(TEXT), help="a UTF-8 text to learn (default: the sonnets in data/)")
     parser.add_argument("--out", default="model_one_device.pt")
     return parser.parse_args()
 
@@ -37,7 +38,7 @@ def evaluate(model: nn.Module, ids: torch.Tensor, context: int) -> float:
 
 def main() -> None:
     args = parse_args()
-    train_ids, held_out, alphabet = load_text()
+    train_ids, held_out, alphabet = load_text(args.text)
     torch.manual_seed(args.seed)  # the initial weights train_fsdp.py's rank 0 builds
     model = CharLM(len(alphabet), args.context, args.dim, args.layers)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)

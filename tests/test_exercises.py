@@ -200,8 +200,9 @@ def test_wrong_answers_are_named(got, want, words):
 
 
 SOLUTIONS = sorted(ex.SOLUTIONS.glob("*.py"))
-# code for ranks: tests/test_script_check.py launches it (07_4.py: tests/test_capstone.py, as examples/train_ddp_real.py)
-SCRIPTS = {"00_1.py", "03_3.py", "04_3.py", "07_4.py", "08_3.py", "08_4.py"}
+# code for ranks: tests/test_script_check.py launches it (07_4.py: tests/test_capstone.py, as examples/train_ddp_real.py;
+# 08_5.py: tests/test_fsdp_check.py, as examples/train_fsdp.py)
+SCRIPTS = {"00_1.py", "03_3.py", "04_3.py", "07_4.py", "08_3.py", "08_4.py", "08_5.py"}
 
 
 @pytest.mark.parametrize("path", [p for p in SOLUTIONS if p.name not in SCRIPTS], ids=lambda p: p.name)

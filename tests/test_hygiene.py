@@ -15,9 +15,10 @@ REPO = Path(__file__).resolve().parent.parent
 ON_PURPOSE = {"article_spawn.py", "pitfalls.py"}
 CODE = sorted(p for p in (REPO / "dp_helpers").rglob("*.py") if p.name not in ON_PURPOSE)
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
-# the capstone's skeleton is examples/train_ddp_real.py as a learner receives it: a take-home script in torch's own
-# style (its device derived from torch.cuda.device_count(), its main() whole), not the package's
-TAKE_HOME = {"my_real_job.py"}
+# the skeletons of 07's capstone and 08's exercise 5 are examples/train_ddp_real.py and examples/train_fsdp.py as a
+# learner receives them: take-home scripts in torch's own style (the device derived from torch.cuda.device_count(),
+# main() whole), not the package's
+TAKE_HOME = {"my_real_job.py", "my_fsdp.py"}
 # plain torch on purpose, so torch's own device lines: notebook 03's fixed article script
 PLAIN_TORCH = TAKE_HOME | {"article_torchrun.py"}
 
@@ -99,3 +100,36 @@ print("clean")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO / "tests",
                           timeout=120)
     assert proc.stdout.strip() == "clean", proc.stderr
+
+
+def module_name(path: Path) -> str:
+    """dp_helpers/launch/agent.py -> dp_helpers.launch.agent (a package's __init__.py: the package)."""
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported(path: Path, modules: set[str]) -> set[str]:
+    """The package's modules a file imports, at its top or inside a function (a lazy import still ties the two)."""
+    here, found = module_name(path), set()
+    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1]) if node.level else ""
+            base = ".".join(filter(None, (base, node.module)))
+            found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+    return found & modules - {here}
+
+
+def test_the_package_has_no_import_circle():
+    import graphlib
+
+    files = [p for p in (REPO / "dp_helpers").rglob("*.py") if not {"templates", "solutions"} & set(p.parts)]
+    modules = {module_name(p) for p in files}
+    graph = {module_name(p): imported(p, modules) for p in files}
+    assert sum(map(len, graph.values())) > len(files)  # the walk finds the arrows there are
+    try:
+        tuple(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as error:
+        pytest.fail(f"an import circle: {' -> '.join(error.args[1])}")

@@ -139,7 +139,8 @@ def without_docstrings(path: Path) -> str:
     return ast.dump(tree)
 
 
-@pytest.mark.parametrize("name", ["my_ddp_core.py", "my_zero1.py", "my_all_gather.py", "my_real_job.py", "one_device_loop.py"])
+@pytest.mark.parametrize("name", ["my_ddp_core.py", "my_zero1.py", "my_all_gather.py", "my_real_job.py", "my_fsdp.py",
+                                  "one_device_loop.py"])
 def test_each_starting_file_has_a_chinese_copy_with_the_same_code(name):
     english = (PACKAGE / "scripts" if name == "one_device_loop.py" else PACKAGE / "templates") / name
     chinese = sc.CHINESE_TEMPLATES / name

@@ -12,14 +12,8 @@ import pytest
 
 from dp_helpers.checks import UsageError
 from dp_helpers.config import TrainConfig
-from dp_helpers.runs import (
-    checkpoint_lock,
-    file_stamp,
-    record_ending,
-    remove_partials,
-    write_atomic,
-    write_text_atomic,
-)
+from dp_helpers.files import remove_partials, write_atomic, write_text_atomic
+from dp_helpers.runs import checkpoint_lock, file_stamp, record_ending
 
 
 def test_a_failed_write_keeps_its_own_error_when_the_clean_up_fails_too(tmp_path, monkeypatch):

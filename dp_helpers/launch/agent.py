@@ -27,7 +27,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from ..runs import write_text_atomic
+from ..files import write_text_atomic
 
 PR_SET_PDEATHSIG = 1
 

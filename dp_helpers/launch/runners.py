@@ -52,7 +52,8 @@ def ending_recorded(cfg, timeout_reason: str, interrupted=lambda exc: "interrupt
 
 def ended(exc: BaseException, cfg, before, reason: str, status: str = "stopped", **more) -> None:
     """Record how the run ended and remove what a killed write left half done (a second Ctrl-C waits meanwhile)."""
-    from ..runs import record_ending, remove_partials
+    from ..files import remove_partials
+    from ..runs import record_ending
 
     run_dir = getattr(exc, "run_dir", None)
     with signals_held(), contextlib.suppress(OSError):  # a full disk must not hide the error that stopped the run

@@ -6,9 +6,9 @@ The script runs unchanged, as `__main__`; the probes only write down, one JSON l
 <run>/probe/rank<r>.jsonl, what it did: every collective it entered and left, the process group (given a
 short timeout, so a mismatched collective fails in seconds), the DistributedSampler's settings and the
 epoch of each pass over it, whether the model was wrapped in DistributedDataParallel, and what torch.save
-wrote where, the DataLoader's batch size, files renamed, optimizer steps and loaded optimizer states, and with
-DP_PROBE_BUCKETS=1 each bucket DDP all-reduces. Every line is flushed at once, so a rank that dies still leaves its
-record.
+wrote where, the DataLoader's batch size, files renamed, optimizer steps and loaded optimizer states; with
+DP_PROBE_BUCKETS=1 each bucket DDP all-reduces, with DP_PROBE_FSDP=1 each fully_shard, dcp.save and dcp.load.
+Every line is flushed at once, so a rank that dies still leaves its record.
 """
 
 from __future__ import annotations
@@ -55,16 +55,16 @@ class Probe:
         self.file.flush()
 
 
-def around(owner, name: str, probe: Probe, note=None) -> None:
+def around(owner, name: str, probe: Probe, note=None, event: str | None = None) -> None:
     """Replace owner.name by a version that records entering and leaving it (and note(*args, **kwargs), if given)."""
-    original = getattr(owner, name)
+    original, event = getattr(owner, name), event or name
 
     @functools.wraps(original)
     def probed(*args, **kwargs):
         """The original, between two records."""
-        probe(event=name, phase="start", **(note(*args, **kwargs) if note else {}))
+        probe(event=event, phase="start", **(note(*args, **kwargs) if note else {}))
         result = original(*args, **kwargs)
-        probe(event=name, phase="done")
+        probe(event=event, phase="done")
         return result
 
     setattr(owner, name, probed)
@@ -112,6 +112,30 @@ def install(probe: Probe) -> None:
     register_optimizer_step_post_hook(lambda *args: probe(event="optimizer_step"))
     if os.environ.get("DP_PROBE_BUCKETS"):  # notebook 07's capstone: count DDP's gradient all-reduces
         count_buckets(probe, dist.all_reduce.__wrapped__)
+    if os.environ.get("DP_PROBE_FSDP"):  # notebook 08's exercise 5 (imported only there: FSDP and DCP take a second)
+        watch_fsdp(probe)
+
+
+def watch_fsdp(probe: Probe) -> None:
+    """Record each fully_shard (the module's class, whether its weights are still on the meta device) and DCP call."""
+    import torch.distributed.checkpoint as dcp
+    import torch.distributed.fsdp as fsdp
+
+    around(fsdp, "fully_shard", probe, note=sharded)
+    for name in ("save", "load"):
+        around(dcp, name, probe, note=dcp_call, event=f"dcp.{name}")
+
+
+def sharded(*args, **kwargs) -> dict:
+    """What fully_shard(module, ...) was given: the module's class, and whether its weights are on the meta device."""
+    module = args[0] if args else kwargs["module"]
+    return {"what": type(module).__name__, "meta": any(p.is_meta for p in module.parameters())}
+
+
+def dcp_call(*args, **kwargs) -> dict:
+    """Where dcp.save or dcp.load(state_dict, checkpoint_id=...) goes, and the state dict's top-level keys."""
+    state = args[0] if args else kwargs.get("state_dict", {})
+    return {"id": str(kwargs.get("checkpoint_id")), "keys": sorted(map(str, state))}
 
 
 def count_buckets(probe: Probe, all_reduce) -> None:

@@ -43,17 +43,12 @@ from dp_helpers.config import (
     worker_parser,
 )
 from dp_helpers.data import make_loader, shard_plan
+from dp_helpers.files import write_atomic, write_text_atomic
 from dp_helpers.local_sgd import DiLoCo, LocalSGD
 from dp_helpers.metrics import MetricsWriter, metrics_dir
 from dp_helpers.mini_ddp import broadcast_state
 from dp_helpers.models import build_model
-from dp_helpers.runs import (
-    checkpoint_lock,
-    file_stamp,
-    record_ending,
-    write_atomic,
-    write_text_atomic,
-)
+from dp_helpers.runs import checkpoint_lock, file_stamp, record_ending
 from dp_helpers.tasks import held_out_scores, held_out_set, loss_function, train_set
 from dp_helpers.training import (
     accumulate_step,
