@@ -151,7 +151,7 @@ MESSAGES: dict[str, str] = {
     "`param in a_list` compares tensors by value; use a set, or compare ids":
         "`param in a_list` 会按值比较张量；请改用 set，或者比较 id",
     "{path}: {names} still raise NotImplementedError, as in the skeleton: write their bodies, then run this again.":
-        "{path}：{names} 仍是骨架里的 raise NotImplementedError：写出它们的函数体，再运行一次。",
+        "{path}：{names} 仍和骨架里一样抛出 NotImplementedError；写出它们的函数体，然后再运行一次。",
     "a method of the skeleton still raises NotImplementedError: write its body":
         "骨架中还有方法抛出 NotImplementedError：请写出它的方法体",
     "(every rank's output": "（所有 rank 的输出",
@@ -430,7 +430,7 @@ MESSAGES: dict[str, str] = {
         "build_model 从未调用 fully_shard：先对 model.blocks 中的每个 Block 分片，再对整个模型分片。",
     ("fully_shard was called on {what}: each of the {layers} Blocks needs a call of its own (a group whose weights are "
      "whole only for its forward and backward), then the model itself, last."):
-        "fully_shard 被调用在 {what} 上：{layers} 个 Block 各自都需要一次调用（一个分组，其权重只在它自己的前向和反向期间是完整的），最后再对整个模型调用一次。",
+        "fully_shard 依次作用在 {what} 上：{layers} 个 Block 各自都需要一次单独的调用（每个 Block 自成一个分组，其权重只在它自己的前向和反向期间才是完整的），最后再对整个模型调用一次。",
     ("the model had real weights when fully_shard split it, so every rank first held the whole model: build it under "
      "`with torch.device(\"meta\"):`, shard it, then model.to_empty(device=device)."):
         "fully_shard 切分模型时，模型已经有了真实的权重，也就是说每个 rank 都先持有了整个模型：请在 `with torch.device(\"meta\"):` 下构建它，分片之后再调用 model.to_empty(device=device)。",
@@ -438,18 +438,18 @@ MESSAGES: dict[str, str] = {
         "没有用 dcp.save 保存任何东西：save_checkpoint 必须调用它，而且每个 rank 都要调用。",
     ("rank {rank} never called {call} while rank {other} did: DCP is a collective in which every rank writes or reads "
      "its own shards; call it on every rank, outside `if rank == 0:`."):
-        "rank {other} 调用了 {call}，而 rank {rank} 从未调用：DCP 是一个集合操作，每个 rank 写出或读取自己的分片；请在每个 rank 上调用它，放在 `if rank == 0:` 之外。",
+        "rank {other} 调用了 {call}，而 rank {rank} 从未调用：DCP 的保存和加载都是集合通信，每个 rank 写出或读取自己的分片；请在每个 rank 上调用它，放在 `if rank == 0:` 之外。",
     ("the model itself was sharded before its blocks, so its group took the blocks' parameters too: call fully_shard "
      "on each Block first, then on the model, last."):
-        "整个模型先于它的 block 被分片，于是它的分组把各个 block 的参数也拿走了：请先对每个 Block 调用 fully_shard，最后再对整个模型调用。",
+        "整个模型先于它的各个 Block 被分片，于是它的分组把这些 Block 的参数也拿走了：请先对每个 Block 调用 fully_shard，最后再对整个模型调用。",
     ("dcp.save wrote straight into {path}: a run killed mid-save leaves a folder that looks whole; save into "
      "{path}.tmp, then rank 0 renames it with os.replace."):
         "dcp.save 直接写进了 {path}：保存到一半被杀掉的运行会留下一个看起来完整的文件夹；请保存到 {path}.tmp，再由 rank 0 用 os.replace 重命名。",
     "after {steps} steps there is no {path}: rank 0 must rename the folder dcp.save wrote onto it (os.replace).":
-        "训练 {steps} 步之后没有 {path}：rank 0 必须把 dcp.save 写出的文件夹重命名为它（os.replace）。",
+        "训练 {steps} 步之后没有 {path}：rank 0 必须把 dcp.save 写出的文件夹重命名为 {path}（os.replace）。",
     ("the checkpoint holds no optimizer state (no exp_avg in {path}): save both halves of get_state_dict(model, "
      "optimizer), or AdamW's moments start again from zero on resume."):
-        "检查点里没有优化器状态（{path} 中没有 exp_avg）：请把 get_state_dict(model, optimizer) 返回的两部分都保存下来，否则恢复时 AdamW 的动量会从零开始。",
+        "检查点里没有优化器状态（{path} 中没有 exp_avg）：请把 get_state_dict(model, optimizer) 返回的两部分都保存下来，否则恢复时 AdamW 的一阶矩和二阶矩会从零开始。",
     ("on resume rank 0 never called dcp.load: every rank reads the pieces of its own shards, whatever the world size "
      "that wrote them."):
         "恢复时 rank 0 从未调用 dcp.load：每个 rank 都要读取属于自己分片的那些片段，无论写入它们时的进程总数是多少。",
@@ -462,5 +462,5 @@ MESSAGES: dict[str, str] = {
     ("stopped after {stop} of {steps} steps on 2 ranks and resumed on 3, your script ends with the weights of one "
      "device on the same {batch} windows a step: each block, then the root, sharded on the meta device, and every "
      "rank saving and loading its own shards with DCP, renamed into place."):
-        "在 2 个 rank 上训练 {steps} 步中的 {stop} 步后停下、在 3 个 rank 上恢复，你的脚本得到的权重与单设备在每步同样 {batch} 个窗口上训练的结果相同：在 meta 设备上先对每个 block、再对根模块分片，每个 rank 都用 DCP 保存和加载自己的分片，并重命名到位。",
+        "在 2 个 rank 上训练 {steps} 步中的 {stop} 步后停下、在 3 个 rank 上恢复，你的脚本得到的权重与单设备在每步同样 {batch} 个窗口上训练的结果相同：在 meta 设备上先对每个块、再对根模块分片，每个 rank 都用 DCP 保存和加载自己的分片，并重命名到位。",
 }

@@ -93,7 +93,7 @@ def step_starts(seed: int, step: int, count: int, ids: torch.Tensor, context: in
 
 
 def build_model(args, vocab: int, device: torch.device, mesh) -> nn.Module:
-    """用 FSDP2 分片的模型：在 meta 设备上构建，先对每个 block 分片，再对根模块分片，最后分配内存。"""
+    """用 FSDP2 分片的模型：在 meta 设备上构建，先对每个块分片，再对根模块分片，最后分配内存。"""
     # 你的代码：
     #   - 在 `with torch.device("meta"):` 下构建 CharLM(vocab, args.context, args.dim, args.layers)（只有形状：任何 rank
     #     都不能持有整个模型的权重）
@@ -182,9 +182,9 @@ def latest_checkpoint(folder: str) -> tuple[Path | None, int]:
 
 def save_checkpoint(folder: str, model, optimizer, step: int, rank: int) -> None:
     """每个 rank 写出自己的分片（DCP）；然后 rank 0 把文件夹重命名到位，并删除较早的检查点。"""
-    # 你的代码：get_state_dict(model, optimizer) 给出本 rank 持有的两者的分片；把它们以 {"model": ..., "optimizer": ...}
+    # 你的代码：get_state_dict(model, optimizer) 给出模型和优化器在本 rank 上的分片；把它们以 {"model": ..., "optimizer": ...}
     # 的形式用 dcp.save 保存到 f"{target}.tmp"，其中 target = Path(folder) / f"step-{step}"（每个 rank 都要调用 dcp.save：
-    # 它是集合操作）；然后只由 rank 0 用 os.replace 把 .tmp 文件夹重命名为 target，并删除较早的 step-* 文件夹；
+    # 它是集合通信）；然后只由 rank 0 用 os.replace 把 .tmp 文件夹重命名为 target，并删除较早的 step-* 文件夹；
     # 最后每个 rank 都在 dist.barrier() 处等待。
     raise NotImplementedError
 
