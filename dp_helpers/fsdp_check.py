@@ -81,8 +81,9 @@ def launch(path: Path, world_size: int, folder: Path, name: str, *args) -> Run |
 
 def order_problem(run: Run) -> str | None:
     """The root sharded before a block: its call took every parameter not already in a group, the blocks' too."""
-    calls = [c["what"] for c in run.count(0, "fully_shard")]
-    if "CharLM" in calls and "Block" in calls[calls.index("CharLM"):]:
+    # any rank's record: the first rank to fail stops the others, which may not have reached the block's call yet
+    orders = [[c["what"] for c in run.count(rank, "fully_shard")] for rank in run.probes]
+    if any("CharLM" in calls and "Block" in calls[calls.index("CharLM"):] for calls in orders):
         return tr("the model itself was sharded before its blocks, so its group took the blocks' parameters too: "
                   "call fully_shard on each Block first, then on the model, last.")
     return None
