@@ -145,3 +145,71 @@ def test_the_fsdp_script_resumes_from_complete_snapshots_only(tmp_path):
     for name in ("step-9", "step-10", "step-11.tmp"):  # step 11 was being written when the run stopped
         (tmp_path / name).mkdir()
     assert latest(str(tmp_path)) == (tmp_path / "step-10", 10)
+
+
+
+# On a CUDA GPU (tests/gpu_check.sh): one rank per GPU on nccl, and fp16 with its GradScaler, which the scripts run
+# on GPUs only. Two ranks on one GPU are not tried: each script then falls back to CPU ranks on gloo, tested above.
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def on_a_gpu(test):
+    """Mark a test as a GPU check: skipped, with the reason, on a machine without a CUDA GPU."""
+    for mark in (pytest.mark.gpu, pytest.mark.slow,
+                 pytest.mark.skipif(GPUS < 1, reason=f"runs the examples on a CUDA GPU; found {GPUS}")):
+        test = mark(test)
+    return test
+
+
+def gpu_run(tmp_path, script: str, nproc: int | None, *args: str) -> str:
+    """An example on the GPU, under bare torchrun with nproc ranks (plain Python when None); what it printed."""
+    launch = [] if nproc is None else ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
+    done = subprocess.run([sys.executable, *launch, str(EXAMPLES / script), *args], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def on_cuda(path) -> dict:
+    """A saved state_dict, asserted to have been saved from a GPU (so the run trained there)."""
+    state = torch.load(path)
+    assert all(t.device.type == "cuda" for t in state.values()), {k: t.device for k, t in state.items()}
+    return state
+
+
+@on_a_gpu
+def test_on_a_gpu_ddp_on_nccl_equals_one_device(tmp_path):
+    gpu_run(tmp_path, "train_ddp.py", 1, "--epochs", "2", "--batch-size", "32", "--out", "ddp.pt")
+    gpu_run(tmp_path, "train_one_device.py", None, "--epochs", "2", "--batch-size", "32", "--out", "one.pt")
+    torch.testing.assert_close(on_cuda(tmp_path / "ddp.pt"), on_cuda(tmp_path / "one.pt"), rtol=1e-5, atol=1e-6)
+
+
+@on_a_gpu
+def test_on_a_gpu_the_real_job_in_every_precision_resumes_where_it_stopped(tmp_path):
+    gpu_run(tmp_path, "train_ddp_real.py", 1, "--batch-size", "32", "--epochs", "3", "--out", "fp32.pt")
+    fp32 = on_cuda(tmp_path / "fp32.pt")
+    for precision in ("bf16", "fp16"):
+        out = gpu_run(tmp_path, "train_ddp_real.py", 1, "--batch-size", "32", "--epochs", "3", "--precision",
+                      precision, "--out", f"{precision}.pt")
+        torch.testing.assert_close(on_cuda(tmp_path / f"{precision}.pt"), fp32, rtol=0.1, atol=0.05)
+        assert float(out.split("accuracy ")[-1].rstrip("%\n")) > 80, out
+    ck = ("--batch-size", "32", "--epochs", "3", "--precision", "fp16", "--checkpoint", "ck.pt")
+    gpu_run(tmp_path, "train_ddp_real.py", 1, *ck, "--stop-after", "1")
+    out = gpu_run(tmp_path, "train_ddp_real.py", 1, *ck, "--out", "resumed.pt")  # the GradScaler's state too
+    assert "resumed from ck.pt at epoch 2" in out
+    torch.testing.assert_close(on_cuda(tmp_path / "resumed.pt"), on_cuda(tmp_path / "fp16.pt"), rtol=1e-5, atol=1e-6)
+
+
+@on_a_gpu
+def test_on_a_gpu_fsdp_equals_one_device_and_resumes_in_bf16(tmp_path):
+    steps = ("--steps", "12", "--eval-every", "12", "--sample", "0", "--batch-size", "24")
+    gpu_run(tmp_path, "train_fsdp.py", 1, *steps, "--out", "fsdp.pt")  # fp32 on the GPU, against the CPU reference
+    weights, _ = one_device_lm(tmp_path)
+    torch.testing.assert_close(torch.load(tmp_path / "fsdp.pt"), weights, rtol=1e-3, atol=1e-4)
+    gpu_run(tmp_path, "train_fsdp.py", 1, *steps, "--precision", "bf16", "--out", "bf16.pt")
+    gpu_run(tmp_path, "train_fsdp.py", 1, *steps, "--precision", "bf16", "--checkpoint", "ck", "--save-every", "6",
+            "--stop-after", "6")
+    out = gpu_run(tmp_path, "train_fsdp.py", 1, *steps, "--precision", "bf16", "--checkpoint", "ck", "--out", "re.pt")
+    assert out.splitlines()[0] == "resumed from ck/step-6 at step 7 on 1 ranks"
+    torch.testing.assert_close(torch.load(tmp_path / "re.pt"), torch.load(tmp_path / "bf16.pt"), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(torch.load(tmp_path / "bf16.pt"), weights, rtol=0.1, atol=0.02)

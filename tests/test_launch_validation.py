@@ -143,10 +143,12 @@ def test_default_run_folder_is_named_after_the_script(tmp_path, monkeypatch, scr
     assert file_plan.run_dir.name.split("-")[2] == "worker"
 
 
-def test_ranks_are_forked_from_torchrun_on_cpus_only(script, tmp_path):
+def test_ranks_are_forked_from_torchrun_on_cpus_only(script, tmp_path, monkeypatch):
     fork = ["--run-path", "--start-method", "fork"]
     target = [str(Path(script).resolve())]
     gloo = command.torchrun_command(target, (), Path("r"), 2, 1, None, fork=True)
     nccl = command.torchrun_command(target, (), Path("r"), 2, 1, None)
     assert gloo[gloo.index("--run-path"):gloo.index(target[0])] == fork and "--run-path" not in nccl
     assert "--run-path" in command.plan_launch(script, (), 2, "gloo", tmp_path / "run", 60, 1, 0, None, None, None).command
+    monkeypatch.setattr(command, "gpu_count", lambda: 1)  # gloo ranks on a GPU machine may use CUDA: never forked
+    assert "--run-path" not in command.plan_launch(script, (), 2, "gloo", tmp_path / "r2", 60, 1, 0, None, None, None).command

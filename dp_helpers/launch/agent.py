@@ -7,8 +7,8 @@ forked child of a threaded parent must not run Python before exec):
   SIGTERM and stops its workers;
 - `failures.json` in the run folder: torchrun's ChildFailedError.failures (rank, exit code, signal,
   the exception each rank's @record error file holds), which the launcher reads instead of parsing text.
-With torchrun's own `--run-path --start-method fork` (what run_ddp passes on CPUs) each worker is forked from this
-process, which has imported torch already, and runs the script through runpy: on 2 cores that saves about 2 s of CPU
+With torchrun's own `--run-path --start-method fork` (what run_ddp passes on a Linux machine without a GPU) each
+worker is forked from this process, which has imported torch already, and runs the script through runpy: on 2 cores that saves about 2 s of CPU
 per worker per launch. `--run-path` takes a file; with `-m` (torchrun's --module, which --run-path ignores) the target
 here is a module, run as `python -m` would. Each fork starts and ends as a fresh Python would (fresh_python,
 run_target), and torchrun names every worker that had died, not only the first. What a fork cannot undo: every rank

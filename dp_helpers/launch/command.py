@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..checks import check_int
-from ..env import resolve_backend, worker_threads
+from ..env import gpu_count, resolve_backend, worker_threads
 from ..runs import prepare_run_dir
 from .args import check_args, check_nodes, plan_world_size, resolve_target
 
@@ -60,8 +60,10 @@ def torchrun_command(target: list[str], script_args, run_dir: Path, world_size: 
                      rdzv_endpoint: str | None, max_restarts: int = 0, fork: bool = False) -> list[str]:
     """torchrun's command line, started through dp_helpers.launch.agent (same flags as `python -m torch.distributed.run`)."""
     # fork: the workers are forked from torchrun's agent, which has imported torch, instead of each starting a Python
-    # that imports it again (agent.py); only with gloo on Linux: the agent never initialises CUDA, so a fork breaks no
-    # CUDA state (nccl is not forked), and macOS forks a process that has loaded system frameworks badly
+    # that imports it again (agent.py); only with gloo on Linux machines without a CUDA GPU (plan_launch): a process
+    # forked after torch has asked CUDA anything cannot use CUDA (seen on a GPU machine: gloo ranks sharing a GPU
+    # failed with "Cannot re-initialize CUDA in forked subprocess"), and macOS forks a process that has loaded system
+    # frameworks badly
     start = ["--run-path", "--start-method", "fork"] if fork else []
     if nnodes == 1:
         rdzv = ["--standalone"]  # the store binds a free port itself: no fixed port, no race
@@ -87,7 +89,7 @@ def plan_launch(script, script_args, world_size, backend, out_dir, timeout, nnod
     name = target[-1].rsplit(".", 1)[-1] if target[0] == "-m" else Path(target[0]).stem
     run_dir = prepare_run_dir(out_dir, name)
     command = torchrun_command(target, script_args, run_dir, world_size, nnodes, rdzv_endpoint, max_restarts,
-                               fork=backend == "gloo" and sys.platform.startswith("linux"))
+                               fork=backend == "gloo" and sys.platform.startswith("linux") and gpu_count() == 0)
     local = nnodes == 1 or str(rdzv_endpoint).rsplit(":", 1)[0] in ("127.0.0.1", "localhost")
     return LaunchPlan(command, child_env(run_dir, world_size, backend, env, local, max_restarts), run_dir,
                       world_size, backend, None if timeout is None else float(timeout), progress)
