@@ -1,6 +1,6 @@
 """Notebook 01, exercise 4: DistributedSampler's shard of one rank (shuffle=False), written by hand."""
 
-from dp_helpers.exercises import check_shard
+from dp_helpers.course.checkers.exercises import check_shard
 
 
 def my_shard(samples, world_size, rank):

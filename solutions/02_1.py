@@ -2,8 +2,8 @@
 
 from torch import nn
 
-from dp_helpers import dataparallel as dp
-from dp_helpers.exercises import check_answer
+from dp_helpers.course.checkers.exercises import check_answer
+from dp_helpers.scratch.dataparallel import scatter_gather as dp
 
 answer_1 = 3 * 1_000_000 * 4  # (4 - 1) copies x 1e6 parameters x 4 bytes; device 0 keeps the original
 assert check_answer("02 bytes replicated for 1e6 on 4", answer_1)

@@ -1,6 +1,6 @@
 """Notebook 02, exercise 3: DataParallel's scatter along dim 0, written by hand."""
 
-from dp_helpers.exercises import check_scatter
+from dp_helpers.course.checkers.exercises import check_scatter
 
 
 def my_scatter(batch, n_devices):

@@ -1,6 +1,6 @@
 """Notebook 03, exercise 1: which chunk a rank sends and receives in a reduce-scatter step of the ring."""
 
-from dp_helpers.exercises import check_ring_step
+from dp_helpers.course.checkers.exercises import check_ring_step
 
 
 def my_ring_step(rank, step, world_size):

@@ -1,7 +1,7 @@
 """Notebook 03, exercise 2: the MB each of 8 ranks sends for 100 MB with the ring and with the naive ring."""
 
-from dp_helpers.collectives import naive_ring_bytes, ring_bytes
-from dp_helpers.exercises import check_answer
+from dp_helpers.course.checkers.exercises import check_answer
+from dp_helpers.scratch.collectives.ring import naive_ring_bytes, ring_bytes
 
 answer_2 = {"ring": 175.0, "naive": 700.0}  # 2 x 7/8 x 100 MB and 7 x 100 MB
 assert check_answer("03 naive and ring MB for 100 MB on 8", answer_2)

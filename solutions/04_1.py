@@ -1,6 +1,6 @@
 """Notebook 04, exercise 1: DDP's bucket assignment, written by hand."""
 
-from dp_helpers.exercises import check_buckets
+from dp_helpers.course.checkers.exercises import check_buckets
 
 
 def my_buckets(sizes, cap):

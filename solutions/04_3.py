@@ -4,7 +4,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dp_helpers.mini_ddp import assign_buckets, broadcast_state, engine_callback
+from dp_helpers.scratch.ddp.mini_ddp import assign_buckets, broadcast_state, engine_callback
 
 
 class MyDDP(nn.Module):

@@ -4,7 +4,7 @@ import contextlib
 
 import torch
 
-from dp_helpers.exercises import check_accumulate
+from dp_helpers.course.checkers.exercises import check_accumulate
 
 
 def my_accumulate(model, micro_batches, optimizer, no_sync):

@@ -2,7 +2,7 @@
 
 import torch
 
-from dp_helpers.exercises import check_answer
+from dp_helpers.course.checkers.exercises import check_answer
 
 own, both = torch.tensor([1.0, 2.0, 3.0]), torch.tensor([1.0, 2.0, 3.0, 5.0, 7.0, 9.0])
 answer_1 = {"rank 0 mean": own.mean().item(), "rank 0 variance": own.var(unbiased=False).item(),  # 2 and 2/3

@@ -1,6 +1,6 @@
 """Notebook 08, exercise 1: the values of a tensor a rank's chunk of the padded flat buffer holds."""
 
-from dp_helpers.exercises import check_chunk
+from dp_helpers.course.checkers.exercises import check_chunk
 
 
 def my_chunk(numel, world_size, rank):

@@ -1,7 +1,7 @@
 """Notebook 09, exercise 1: the naive ring's time in the alpha-beta model, and which ring wins when."""
 
-from dp_helpers.collectives import ring_time
-from dp_helpers.exercises import check_answer, check_naive_ring_time
+from dp_helpers.course.checkers.exercises import check_answer, check_naive_ring_time
+from dp_helpers.scratch.collectives.ring import ring_time
 
 
 def my_naive_ring_time(nbytes, world_size, latency, bandwidth):

@@ -2,7 +2,7 @@
 
 import torch
 
-from dp_helpers.exercises import check_low_rank
+from dp_helpers.course.checkers.exercises import check_low_rank
 
 
 def my_low_rank(m, q):

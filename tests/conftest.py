@@ -40,7 +40,7 @@ def pytest_collection_modifyitems(items):
 def workers_numerics():
     """The tests' own computations run with the workers' thread count, as the package's references do, so comparing
     them with ranks holds on any CPU (the notebooks' kernels keep torch's default: their references set it)."""
-    from dp_helpers.env import worker_numerics
+    from dp_helpers.tool.env import worker_numerics
 
     with worker_numerics():
         yield

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from dp_helpers.training import bce_loss
+from dp_helpers.tool.training import bce_loss
 
 FEATURES = 10
 
@@ -167,7 +167,7 @@ def ddp(case: Case, m: nn.Module) -> Parts:
 
 def mini_per_parameter(case: Case, m: nn.Module) -> Parts:
     """Our DDP of notebook 04's step 3: an asynchronous all-reduce per parameter."""
-    from dp_helpers.mini_ddp import AsyncAllReduce
+    from dp_helpers.scratch.ddp.mini_ddp import AsyncAllReduce
 
     wrapped = AsyncAllReduce(m)
     return Parts(wrapped, plain_optimizer(case, m.parameters()), wrapped.no_sync)
@@ -175,7 +175,7 @@ def mini_per_parameter(case: Case, m: nn.Module) -> Parts:
 
 def mini_bucketed(case: Case, m: nn.Module) -> Parts:
     """MiniDDP with buckets small enough to make several."""
-    from dp_helpers.mini_ddp import MiniDDP
+    from dp_helpers.scratch.ddp.mini_ddp import MiniDDP
 
     wrapped = MiniDDP(m, bucket_cap_mb=0.001, find_unused_parameters=case.unused)
     return Parts(wrapped, plain_optimizer(case, m.parameters()), wrapped.no_sync)
@@ -184,8 +184,8 @@ def mini_bucketed(case: Case, m: nn.Module) -> Parts:
 def zero(stage: int):
     """Our ZeRO-1 or -2 (ZeroOptimizer) on the plain model."""
     def build(case: Case, m: nn.Module) -> Parts:
-        from dp_helpers.mini_ddp import broadcast_state
-        from dp_helpers.zero_optim import ZeroOptimizer
+        from dp_helpers.scratch.ddp.mini_ddp import broadcast_state
+        from dp_helpers.scratch.sharding.zero_optim import ZeroOptimizer
 
         broadcast_state(m)  # buffers too (these models have none; the optimizer broadcasts the parameters)
         cls, kwargs = case.optimizer
@@ -207,7 +207,7 @@ def torch_zero(case: Case, m: nn.Module) -> Parts:
 
 def fsdp2(case: Case, m: nn.Module) -> Parts:
     """torch's fully_shard on every module with parameters, then the root."""
-    from dp_helpers.zero import fully_sharded
+    from dp_helpers.scratch.sharding.zero import fully_sharded
 
     sharded = fully_sharded(m)
     if case.some_ranks:  # zeros for what a rank did not use: without it the ranks' reduce-scatters mismatch
@@ -217,7 +217,7 @@ def fsdp2(case: Case, m: nn.Module) -> Parts:
 
 def zero3(case: Case, m: nn.Module) -> Parts:
     """Our ZeRO-3 module wrapper, with the case's optimizer over its shards."""
-    from dp_helpers.zero3 import Zero3Module
+    from dp_helpers.scratch.sharding.zero3 import Zero3Module
 
     wrapped = Zero3Module(m)
     return Parts(wrapped, plain_optimizer(case, wrapped.parameters()), clip=wrapped.clip_grad_norm_)

@@ -18,7 +18,7 @@ import traceback
 from datetime import timedelta
 from pathlib import Path
 
-from dp_helpers.env import worker_threads
+from dp_helpers.tool.env import worker_threads
 
 POOL_MARKER = "rank-pool"  # the leftover-process check ignores processes started with this DP_TEST_ID
 
@@ -28,7 +28,7 @@ def serve(rank: int, world_size: int, store_path: str, timeout_s: float, conn) -
     import torch
     import torch.distributed as dist
 
-    from dp_helpers.dist import DistInfo
+    from dp_helpers.tool.dist import DistInfo
 
     torch.set_num_threads(worker_threads())  # as launched workers; the fork server imported torch before the fork
     dist.init_process_group("gloo", store=dist.FileStore(store_path, world_size), rank=rank, world_size=world_size,
@@ -44,12 +44,12 @@ def serve(rank: int, world_size: int, store_path: str, timeout_s: float, conn) -
         # and a socket in TMPDIR, which fails when that path is long)
         conn.send_bytes(pickle.dumps(reply))
     conn.close()
-    os._exit(0)  # at once: gloo's threads can stall the interpreter's shutdown (see dp_helpers.dist.worker)
+    os._exit(0)  # at once: gloo's threads can stall the interpreter's shutdown (see dp_helpers.tool.dist.worker)
 
 
 # what every rank imports: the fork server imports it once, and each rank starts as a fork of it, in milliseconds
 # instead of the seconds a fresh interpreter takes (torch; torch._dynamo, which DistributedDataParallel imports)
-PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "dp_helpers.dist", "tests.ranks"]
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "dp_helpers.tool.dist", "tests.ranks"]
 
 
 def fork_server():

@@ -5,9 +5,9 @@ import subprocess
 
 import pytest
 
-from dp_helpers.bench import BenchConfig, derived, quick
-from dp_helpers.checks import UsageError
-from dp_helpers.env import gpu_count, nccl_available
+from dp_helpers.tool.bench import BenchConfig, derived, quick
+from dp_helpers.tool.checks import UsageError
+from dp_helpers.tool.env import gpu_count, nccl_available
 
 pytestmark = pytest.mark.slow
 
@@ -29,9 +29,9 @@ def test_quick_config_is_smaller():
 def test_bench_quick_writes_the_documented_fields(tmp_path, monkeypatch, pools, capsys):
     # the bench worker's measurements run in rank pools instead of one torchrun launch each (notebook 09
     # runs the real --quick benchmark); a tiny model: this test checks the fields, not the speed
-    import dp_helpers.bench as bench
-    from dp_helpers.__main__ import main
+    import dp_helpers.tool.bench as bench
     from dp_helpers.scripts import bench_worker
+    from dp_helpers.tool.cli import main
 
     launched = []
 
@@ -73,7 +73,7 @@ def test_bench_quick_writes_the_documented_fields(tmp_path, monkeypatch, pools, 
 
 
 def test_an_earlier_benchmark_is_not_overwritten(tmp_path):
-    from dp_helpers.bench import run_bench
+    from dp_helpers.tool.bench import run_bench
 
     (tmp_path / "bench.json").write_text("{}")
     with pytest.raises(ValueError, match="already holds a benchmark; choose a new folder"):
@@ -94,18 +94,18 @@ def test_an_earlier_benchmark_is_not_overwritten(tmp_path):
 def test_bad_benchmarks_are_refused_in_one_sentence(change, words):
     from dataclasses import replace
 
-    from dp_helpers.bench import validate_bench
+    from dp_helpers.tool.bench import validate_bench
 
     with pytest.raises(UsageError, match=words):
         validate_bench(replace(BenchConfig([1, 2]), **change), capacity=2)
 
 
 def test_cli_flags_reach_the_config(monkeypatch, tmp_path):
-    import dp_helpers.bench
-    from dp_helpers.__main__ import main
+    import dp_helpers.tool.bench
+    from dp_helpers.tool.cli import main
 
     seen = {}
-    monkeypatch.setattr(dp_helpers.bench, "run_bench", lambda cfg, out, backend: seen.update(cfg=cfg) or
+    monkeypatch.setattr(dp_helpers.tool.bench, "run_bench", lambda cfg, out, backend: seen.update(cfg=cfg) or
                         {"speedup": {}, "out_dir": str(tmp_path)})
     assert main(["bench", "--quick", "--world-sizes", "1", "2", "--batches", "128", "32", "--hidden", "256",
                  "--depth", "2", "--no-comm"]) == 0
@@ -115,7 +115,7 @@ def test_cli_flags_reach_the_config(monkeypatch, tmp_path):
 
 
 def test_cli_refuses_before_anything_runs(tmp_path, capsys):
-    from dp_helpers.__main__ import main
+    from dp_helpers.tool.cli import main
 
     assert main(["bench", "--world-sizes", "1", "--out", str(tmp_path / "b")]) == 2
     assert "give at least one world size >= 2" in capsys.readouterr().err
@@ -124,7 +124,7 @@ def test_cli_refuses_before_anything_runs(tmp_path, capsys):
 
 @pytest.mark.skipif(nccl_available(), reason="needs a torch without NCCL, where backend 'nccl' is refused")
 def test_a_refused_backend_leaves_no_folder(tmp_path, capsys):
-    from dp_helpers.__main__ import main
+    from dp_helpers.tool.cli import main
 
     assert main(["bench", "--backend", "nccl", "--out", str(tmp_path / "b")]) == 2
     assert "backend 'nccl' is not built into this torch" in capsys.readouterr().err
@@ -133,8 +133,8 @@ def test_a_refused_backend_leaves_no_folder(tmp_path, capsys):
 
 def test_gpu_section_bookkeeping_with_a_stand_in_worker(monkeypatch, tmp_path):
     # the GPU runs themselves need GPUs (tests/test_gpu.py); what is recorded from them is checked here
-    import dp_helpers.bench as bench
-    import dp_helpers.env as env
+    import dp_helpers.tool.bench as bench
+    import dp_helpers.tool.env as env
 
     monkeypatch.setattr(env, "gpu_count", lambda: 2)
     monkeypatch.setattr(env, "nccl_available", lambda: True)

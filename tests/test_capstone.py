@@ -4,9 +4,9 @@ import ast
 
 import pytest
 
-from dp_helpers import capstone
-from dp_helpers.exercises import SOLUTIONS
-from dp_helpers.script_check import CHINESE_TEMPLATES
+from dp_helpers.course.checkers import capstone
+from dp_helpers.course.checkers.exercises import SOLUTIONS
+from dp_helpers.course.checkers.script_check import CHINESE_TEMPLATES
 from tests.conftest import REPO
 
 EXAMPLE = (REPO / "examples" / "train_ddp_real.py").read_text()

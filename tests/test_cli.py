@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dp_helpers.__main__ import main as cli_main
-from dp_helpers.models import build_model
+from dp_helpers.tool.cli import main as cli_main
+from dp_helpers.tool.models import build_model
 from tests.conftest import survivors
 
 
@@ -171,7 +171,7 @@ def test_ctrl_c_twice_still_leaves_the_record(tmp_path, monkeypatch, gap):
 def test_the_readme_lists_every_train_flag_as_help_says():
     from pathlib import Path
 
-    from dp_helpers.__main__ import flag_rows
+    from dp_helpers.tool.cli import flag_rows
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     table = readme[readme.index("| flag | default | meaning |"):].split("\n\n")[0].splitlines()[2:]
@@ -189,8 +189,8 @@ def test_help_names_every_command_and_shows_defaults(capsys):
 
 
 def test_a_diverging_loss_gets_a_warning(tmp_path):
-    from dp_helpers.metrics import MetricsWriter
     from dp_helpers.scripts.train import divergence
+    from dp_helpers.tool.metrics import MetricsWriter
 
     with MetricsWriter(tmp_path, 0, 1) as w:
         w.log(epoch=0, step=0, loss=0.7, samples=10)
@@ -202,7 +202,7 @@ def test_a_diverging_loss_gets_a_warning(tmp_path):
 def test_run_ddp_is_importable_from_the_package_and_a_missing_script_is_a_file_not_found():
     import dp_helpers
     from dp_helpers import run_ddp
-    from dp_helpers.launch import run_ddp as the_same
+    from dp_helpers.tool.launch import run_ddp as the_same
 
     assert run_ddp is the_same
     with pytest.raises(FileNotFoundError, match="script not found"):
@@ -244,8 +244,8 @@ def readme_table(text: str, header: str, nth: int = 0) -> list[str]:
 def test_the_readmes_list_every_bench_flag_and_every_run_ddp_parameter():
     import inspect
 
-    from dp_helpers.__main__ import flag_rows
-    from dp_helpers.launch import run_ddp
+    from dp_helpers.tool.cli import flag_rows
+    from dp_helpers.tool.launch import run_ddp
 
     repo = Path(__file__).resolve().parent.parent
     en, zh = ((repo / name).read_text() for name in ("README.md", "README.zh-CN.md"))

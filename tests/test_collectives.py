@@ -1,4 +1,4 @@
-"""dp_helpers.collectives: the ring's schedule and byte counts, and the real rings against dist.all_reduce on 1 to 4 ranks (in rank pools).
+"""dp_helpers.scratch.collectives.ring: the ring's schedule and byte counts, and the real rings against dist.all_reduce on 1 to 4 ranks (in rank pools).
 
 The source article's two scripts and mp.spawn in a kernel are run and checked in notebook 03 (pytest runs it).
 """
@@ -10,15 +10,16 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dp_helpers.collectives import (
+from dp_helpers.course.checkers import ring_check
+from dp_helpers.scratch.collectives.ring import (
     assert_identical_across_ranks,
     naive_ring_bytes,
     ring_all_reduce,
     ring_bytes,
     ring_schedule,
 )
-from dp_helpers.data import tensor_split_sizes
-from dp_helpers.scripts import collectives_demo, ring_check
+from dp_helpers.scripts import collectives_demo
+from dp_helpers.tool.data import tensor_split_sizes
 from tests.ranks import RankError
 
 
@@ -141,7 +142,7 @@ def bn_rows(world: int, shape: tuple, step: int) -> list[torch.Tensor]:
 
 def bn_steps(info, shape: tuple, kwargs: dict) -> dict:
     """Three training forwards and backwards of GlobalBatchNorm1d on this rank's rows, then one in eval mode."""
-    from dp_helpers.collectives import GlobalBatchNorm1d
+    from dp_helpers.scratch.collectives.ring import GlobalBatchNorm1d
 
     torch.manual_seed(0)
     bn, outs, grads = GlobalBatchNorm1d(shape[1], **kwargs), [], []
@@ -182,7 +183,7 @@ def test_global_batchnorm_is_batchnorm_on_the_global_batch(pools, shape, kwargs)
 
 
 def test_convert_keeps_the_parameters_buffers_and_mode():
-    from dp_helpers.collectives import GlobalBatchNorm1d
+    from dp_helpers.scratch.collectives.ring import GlobalBatchNorm1d
 
     bn = torch.nn.BatchNorm1d(4).eval()
     net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))

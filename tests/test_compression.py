@@ -1,4 +1,4 @@
-"""dp_helpers.compression: PowerSGD from scratch equals torch's powerSGD_hook, and sends the values its formula says."""
+"""dp_helpers.scratch.communicating_less.compression: PowerSGD from scratch equals torch's powerSGD_hook, and sends the values its formula says."""
 
 import pytest
 import torch
@@ -22,7 +22,7 @@ def trained(info, ours: bool, rank: int, bucket_mb: float = 25, error_feedback: 
     )
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from dp_helpers.compression import PowerSGD
+    from dp_helpers.scratch.communicating_less.compression import PowerSGD
 
     ddp = DDP(model(), bucket_cap_mb=bucket_mb)
     if ours:
@@ -54,7 +54,7 @@ def both(info, rank: int) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("rank", [1, 3])  # rank 3 > 2: torch orthogonalises with QR, ours with Gram-Schmidt
 def test_powersgd_from_scratch_equals_torchs_hook_and_sends_its_formula(pools, rank):
-    from dp_helpers.compression import powersgd_values
+    from dp_helpers.scratch.communicating_less.compression import powersgd_values
 
     shapes = [p.shape for p in model().parameters()]
     full, compressed = sum(s.numel() for s in shapes), powersgd_values(shapes, rank)
@@ -78,7 +78,7 @@ def mlp_run(info, ours: bool) -> dict:
     )
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from dp_helpers.compression import PowerSGD
+    from dp_helpers.scratch.communicating_less.compression import PowerSGD
 
     torch.manual_seed(0)
     ddp = DDP(nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 16), nn.ReLU(), nn.Linear(16, 1)))
@@ -132,7 +132,7 @@ def hook_returns_early(info) -> dict:
     hook returns at once, its Future still open, and the Future ends with the mean."""
     import time
 
-    from dp_helpers.compression import PowerSGD
+    from dp_helpers.scratch.communicating_less.compression import PowerSGD
 
     state, shapes, out = PowerSGD(rank=1, start_iter=2), [(16, 12)], {}
     original = state.all_reduce

@@ -1,12 +1,12 @@
-"""dp_helpers.config, training and reference: validation sentences, flag round trips, the reference learns."""
+"""dp_helpers.tool.config, training and reference: validation sentences, flag round trips, the reference learns."""
 
 import math
 
 import pytest
 import torch
 
-from dp_helpers.checks import UsageError
-from dp_helpers.config import (
+from dp_helpers.tool.checks import UsageError
+from dp_helpers.tool.config import (
     DIGITS_HELD_OUT,
     DIGITS_TRAIN,
     TrainConfig,
@@ -15,8 +15,8 @@ from dp_helpers.config import (
     validate,
     worker_parser,
 )
-from dp_helpers.data import load_digits_split
-from dp_helpers.reference import train_reference
+from dp_helpers.tool.data import load_digits_split
+from dp_helpers.tool.reference import train_reference
 
 
 @pytest.mark.parametrize("change, error, words", [
@@ -98,7 +98,7 @@ def test_the_digits_are_scikit_learns_with_or_without_its_file(monkeypatch):
     import numpy as np
     from sklearn.datasets import load_digits
 
-    from dp_helpers import data
+    from dp_helpers.tool import data
 
     expected = load_digits(return_X_y=True)
     read = data.digits_arrays()  # from scikit-learn's file, without importing scikit-learn
@@ -137,7 +137,7 @@ def test_reference_world_size_means_global_batch():
 
 
 def test_reference_computes_with_the_workers_threads(monkeypatch):
-    import dp_helpers.reference as reference
+    import dp_helpers.tool.reference as reference
 
     seen, step = [], reference.train_step
     monkeypatch.setattr(reference, "train_step", lambda *a, **k: seen.append(torch.get_num_threads()) or step(*a, **k))
@@ -154,8 +154,8 @@ def test_reference_computes_with_the_workers_threads(monkeypatch):
 def test_a_worker_refuses_a_checkpoint_trained_with_other_settings(tmp_path):
     from types import SimpleNamespace
 
-    from dp_helpers.models import build_model
     from dp_helpers.scripts.train import load_checkpoint
+    from dp_helpers.tool.models import build_model
 
     model = build_model("linear", 10, 0)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -169,7 +169,7 @@ def test_a_worker_refuses_a_checkpoint_trained_with_other_settings(tmp_path):
 
 def test_a_resume_at_another_layout_says_whether_the_global_batch_is_kept():
     from dp_helpers.scripts.train import resumed_line
-    from dp_helpers.training import layout_change
+    from dp_helpers.tool.training import layout_change
 
     state = {"epoch": 2, "world_size": 4, "batch_size": 5, "grad_accum_steps": 1}
     assert layout_change(state, 4, 5, 1) is None
@@ -180,7 +180,7 @@ def test_a_resume_at_another_layout_says_whether_the_global_batch_is_kept():
 
 
 def test_a_nan_output_is_called_divergence_not_a_range_error():
-    from dp_helpers.training import bce_loss
+    from dp_helpers.tool.training import bce_loss
 
     with pytest.raises(FloatingPointError, match="output became NaN: training diverged"):
         bce_loss(torch.tensor([[0.5], [float("nan")]]), torch.tensor([1.0, 0.0]))

@@ -1,6 +1,6 @@
 """What a launch echoes: a traceback as its exception line, a peer's disappearance as a consequence, nothing else hidden."""
 
-from dp_helpers.launch.console import Console, consequence
+from dp_helpers.tool.launch.console import Console, consequence
 
 
 def echoed(lines: list[str]) -> list[str]:

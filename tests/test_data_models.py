@@ -1,4 +1,4 @@
-"""dp_helpers.data and dp_helpers.models: synthetic data that can be learnt, the sampler arithmetic, seeded models."""
+"""dp_helpers.tool.data and dp_helpers.tool.models: synthetic data that can be learnt, the sampler arithmetic, seeded models."""
 
 import itertools
 import math
@@ -7,8 +7,8 @@ import re
 import pytest
 import torch
 
-from dp_helpers.data import SimpleDataset, make_loader, make_synthetic, shard_plan
-from dp_helpers.models import MLP, SimpleModel, build_model
+from dp_helpers.tool.data import SimpleDataset, make_loader, make_synthetic, shard_plan
+from dp_helpers.tool.models import MLP, SimpleModel, build_model
 
 
 def test_synthetic_is_seeded_and_learnable():

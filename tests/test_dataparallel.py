@@ -1,11 +1,11 @@
-"""dp_helpers.dataparallel: the four steps match one forward and backward, with DataParallel's edge cases."""
+"""dp_helpers.scratch.dataparallel.scatter_gather: the four steps match one forward and backward, with DataParallel's edge cases."""
 
 import pytest
 import torch
 from torch import nn
 
-from dp_helpers import dataparallel as dp
-from dp_helpers.models import build_model
+from dp_helpers.scratch.dataparallel import scatter_gather as dp
+from dp_helpers.tool.models import build_model
 
 
 @pytest.fixture

@@ -5,8 +5,8 @@ import json
 import pytest
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from dp_helpers.launch.agent import failure_records
-from dp_helpers.launch.diagnose import (
+from dp_helpers.tool.launch.agent import failure_records
+from dp_helpers.tool.launch.diagnose import (
     DistributedRunError,
     Failure,
     culprit_first,
@@ -152,8 +152,8 @@ def test_an_exception_found_in_the_log_keeps_its_timestamp(tmp_path):
     ("used", "exists and is not empty"),  # e.g. '.', or a folder an earlier failed run left its failures.json in
 ])
 def test_a_launch_writes_only_into_a_new_or_empty_folder(tmp_path, write_script, out, words):
-    from dp_helpers.checks import UsageError
-    from dp_helpers.launch.command import plan_launch
+    from dp_helpers.tool.checks import UsageError
+    from dp_helpers.tool.launch.command import plan_launch
 
     (tmp_path / "used").mkdir()
     (tmp_path / "used" / "failures.json").write_text("[]")
@@ -165,7 +165,7 @@ def test_a_launch_writes_only_into_a_new_or_empty_folder(tmp_path, write_script,
 
 
 def test_several_nodes_are_diagnosed_together(tmp_path):
-    from dp_helpers.launch.nodes import across_nodes
+    from dp_helpers.tool.launch.nodes import across_nodes
 
     for node, rows in (("node0", [{"rank": 0, "exit_code": 1, "exception": "RuntimeError: Connection closed by peer"}]),
                        ("node1", [{"rank": 3, "exit_code": 1, "exception": "ValueError: on node 1"}])):
@@ -189,6 +189,6 @@ def test_torchrun_stopped_from_outside_is_said_in_one_sentence(tmp_path):
     ("last words before the crash", False), ("Fatal Python error: Segmentation fault", False),
     ("loss=0.5, acc=0.9", False), ("a, b", False), ("done.", False)])
 def test_faulthandlers_module_list_is_not_taken_for_a_ranks_last_words(line, listing):
-    from dp_helpers.launch.diagnose import MODULE_LIST
+    from dp_helpers.tool.launch.diagnose import MODULE_LIST
 
     assert bool(MODULE_LIST.fullmatch(line)) == listing

@@ -1,4 +1,4 @@
-"""dp_helpers.dist: alone a script is a group of one, a one-process group comes up and goes down, orphans exit, worker() exits cleanly."""
+"""dp_helpers.tool.dist: alone a script is a group of one, a one-process group comes up and goes down, orphans exit, worker() exits cleanly."""
 
 import os
 import socket
@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dp_helpers import dist as dph
+from dp_helpers.tool import dist as dph
 from tests.conftest import pids_alive, wait_for_files
 
 
@@ -67,7 +67,7 @@ def test_orphaned_worker_exits(tmp_path):
     """A worker whose launcher is SIGKILLed stops by itself instead of training on."""
     child = textwrap.dedent(f"""
         import os, pathlib, time
-        from dp_helpers.dist import exit_when_orphaned
+        from dp_helpers.tool.dist import exit_when_orphaned
         exit_when_orphaned(poll_s=0.1)
         pathlib.Path({str(tmp_path)!r}, "w.pid").write_text(str(os.getpid()))
         time.sleep(60)

@@ -1,8 +1,8 @@
-"""dp_helpers.env: the launch choice, backend validation and the doctor report."""
+"""dp_helpers.tool.env: the launch choice, backend validation and the doctor report."""
 
 import pytest
 
-from dp_helpers import env
+from dp_helpers.tool import env
 
 
 @pytest.mark.parametrize("gpus, nccl, expected", [
@@ -56,7 +56,7 @@ def test_detect_platform(monkeypatch, var, expected):
 def test_seed_everything_repeats():
     import torch
 
-    from dp_helpers.training import seed_everything
+    from dp_helpers.tool.training import seed_everything
 
     seed_everything(3)
     a = torch.rand(3)
@@ -65,7 +65,7 @@ def test_seed_everything_repeats():
 
 
 def test_doctor_command_prints_the_report(capsys):
-    from dp_helpers.__main__ import main
+    from dp_helpers.tool.cli import main
 
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
@@ -90,7 +90,7 @@ def test_worker_threads_follow_omp_num_threads(monkeypatch, value, threads):
 
 
 def test_launched_workers_of_every_world_size_get_the_reference_threads(monkeypatch, tmp_path):
-    from dp_helpers.launch.command import child_env
+    from dp_helpers.tool.launch.command import child_env
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     for world_size in (1, 2, 4):  # one thread each, whatever the cores: W = 1 and W = 2 sum alike

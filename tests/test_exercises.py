@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from dp_helpers import exercises as ex
-from dp_helpers.data import chunk_sizes
+from dp_helpers.course.checkers import exercises as ex
+from dp_helpers.tool.data import chunk_sizes
 
 RIGHT = {
     "00 one-device batch for 4 ranks of 8": 32,
@@ -340,7 +340,7 @@ def test_the_atomic_save_checker_crashes_a_save_and_names_each_mistake(wrong, wo
 
 
 def test_a_rounded_answer_is_right_at_the_precision_it_shows():
-    from dp_helpers.exercises import difference
+    from dp_helpers.course.checkers.exercises import difference
 
     for shown, value in ((0.667, 2 / 3), (0.6667, 2 / 3), (7.917, 95 / 12), (7.92, 95 / 12)):
         assert difference(shown, value) is None, shown
@@ -350,13 +350,13 @@ def test_a_rounded_answer_is_right_at_the_precision_it_shows():
 
 
 def test_a_list_answer_names_the_index_that_differs():
-    from dp_helpers.exercises import difference
+    from dp_helpers.course.checkers.exercises import difference
 
     assert difference([0, 1, 2, 3, 5], [0, 1, 2, 3, 4]) == "the value at index 4 of your answer is 5"
 
 
 def test_low_rank_checker_names_a_p_left_unorthonormalised(capsys):
-    from dp_helpers.exercises import check_low_rank
+    from dp_helpers.course.checkers.exercises import check_low_rank
 
     assert not check_low_rank(lambda m, q: (m @ q) @ (m.T @ (m @ q)).T)
     assert "orthonormalise P's columns" in capsys.readouterr().out

@@ -45,7 +45,7 @@ def zero3_against(info, users: tuple[int, ...], reference: str) -> dict:
     """zero.Zero3 and a torch reference (fully_shard, or DDP that finds unused parameters), 3 Adam steps each."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from dp_helpers import zero
+    from dp_helpers.scratch.sharding import zero
 
     ours = WithExtra(users)
     opt = zero.Zero3(ours, lr=0.05)
@@ -79,7 +79,7 @@ def zero3_module_against_ddp(info, users: tuple[int, ...]) -> dict:
     """Zero3Module and DDP that finds unused parameters, 3 Adam steps each."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from dp_helpers.zero3 import Zero3Module
+    from dp_helpers.scratch.sharding.zero3 import Zero3Module
 
     ours, theirs = Zero3Module(WithExtra(users)), DDP(WithExtra(users), find_unused_parameters=True)
     opts = [torch.optim.Adam(m.parameters(), lr=0.05) for m in (ours, theirs)]
@@ -101,9 +101,9 @@ def test_zero3_module_trains_a_unit_with_an_unused_parameter_as_ddp_does(pools, 
 
 def refusals(info) -> dict:
     """What each class says to a case it cannot do right."""
-    from dp_helpers.mini_ddp import MiniDDP
-    from dp_helpers.zero3 import Zero3Module
-    from dp_helpers.zero_optim import ZeroOptimizer
+    from dp_helpers.scratch.ddp.mini_ddp import MiniDDP
+    from dp_helpers.scratch.sharding.zero3 import Zero3Module
+    from dp_helpers.scratch.sharding.zero_optim import ZeroOptimizer
 
     said = {}
     frozen = nn.Linear(3, 2).requires_grad_(False)
@@ -149,7 +149,7 @@ class Head(nn.Module):
 
 def local_sgd_with_a_head(info) -> dict:
     """Two SGD steps of local SGD with H = 1, then every trained parameter's mean over ranks."""
-    from dp_helpers.local_sgd import LocalSGD
+    from dp_helpers.scratch.communicating_less.local_sgd import LocalSGD
 
     model = Head()
     averager, opt = LocalSGD(model, period=1), torch.optim.SGD(model.parameters(), lr=0.1)
@@ -171,7 +171,7 @@ def test_local_sgd_averages_a_parameter_some_ranks_leave_unused(pools):
 
 def stage2_accumulation(info, accumulate: bool) -> dict:
     """ZeRO-2, one step over 3 micro-batches, the first two inside no_sync or not; bytes sent and weights."""
-    from dp_helpers.zero_optim import ZeroOptimizer
+    from dp_helpers.scratch.sharding.zero_optim import ZeroOptimizer
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
@@ -195,7 +195,7 @@ def test_zero2_no_sync_sends_once_per_step_and_trains_the_same(pools):
 
 def fp16_reduction(info) -> dict:
     """Zero3Module reducing in fp16 gradients whose sum over ranks exceeds fp16's range (their mean does not)."""
-    from dp_helpers.zero3 import MixedPrecision, Zero3Module
+    from dp_helpers.scratch.sharding.zero3 import MixedPrecision, Zero3Module
 
     model = Zero3Module(nn.Linear(4, 2, bias=False), MixedPrecision(reduce_dtype=torch.float16))
     (model(torch.ones(1, 4)).sum() * 40_000).backward()  # every gradient 40000 on every rank: the sum, 80000 x W/2
@@ -222,7 +222,7 @@ class WritesItsGroups(torch.optim.SGD):
 
 def dtypes_and_groups(info) -> dict:
     """ZeroOptimizer over a float64 and a float32 parameter in one bucket's reach, with an optimizer writing its groups."""
-    from dp_helpers.zero_optim import ZeroOptimizer
+    from dp_helpers.scratch.sharding.zero_optim import ZeroOptimizer
 
     fine, coarse = nn.Parameter(torch.ones(3, dtype=torch.float64)), nn.Parameter(torch.ones(3))
     opt = ZeroOptimizer([fine, coarse], WritesItsGroups, stage=2, lr=1e-12)

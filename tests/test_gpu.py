@@ -6,12 +6,12 @@
 import pytest
 import torch
 
-from dp_helpers import env
-from dp_helpers.config import TrainConfig
-from dp_helpers.launch import run_ddp
-from dp_helpers.models import build_model
-from dp_helpers.reference import train_reference
-from dp_helpers.training import precision_problem, train_steps
+from dp_helpers.tool import env
+from dp_helpers.tool.config import TrainConfig
+from dp_helpers.tool.launch import run_ddp
+from dp_helpers.tool.models import build_model
+from dp_helpers.tool.reference import train_reference
+from dp_helpers.tool.training import precision_problem, train_steps
 
 N_GPUS = env.gpu_count()
 needs_gpu = pytest.mark.skipif(N_GPUS < 1 or not env.nccl_available(),
@@ -42,7 +42,7 @@ def test_syncbn_matches_the_reference(tmp_path):
 
 
 def test_bench_gpu_section_times_every_precision(tmp_path):
-    from dp_helpers.bench import BenchConfig, gpu_section
+    from dp_helpers.tool.bench import BenchConfig, gpu_section
 
     cfg = BenchConfig([1], batches=[64], default_batch=64, steps=2, rounds=1, warmup=1, hidden=64, depth=2)
     out = gpu_section(cfg, tmp_path, lambda n=1: None)
@@ -86,8 +86,8 @@ def test_autocast_and_grad_scaler_on_a_gpu(precision, tol):
 def test_two_processes_share_one_gpu_on_gloo(write_script, tmp_path):
     script = write_script("""
         import torch, torch.distributed as dist
-        from dp_helpers import dist as dph
-        from dp_helpers.env import gpu_device
+        from dp_helpers.tool import dist as dph
+        from dp_helpers.tool.env import gpu_device
 
         def main(info):
             t = torch.full((3,), float(info.rank + 1), device=gpu_device(0))  # both ranks on GPU 0

@@ -1,4 +1,4 @@
-"""dp_helpers.hybrid: hybrid sharding on 4 ranks (2 groups of 2) from scratch and as torch's HSDP, both one process.
+"""dp_helpers.scratch.sharding.hybrid: hybrid sharding on 4 ranks (2 groups of 2) from scratch and as torch's HSDP, both one process.
 
 The ranks run scripts/hsdp_reshard.py's hsdp(), the code notebook 10 launches.
 """

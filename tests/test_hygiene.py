@@ -52,7 +52,7 @@ def functions():
 
 
 # env.device_for is the single place that maps a backend to its device type
-DEVICE_MAP = REPO / "dp_helpers" / "env.py"
+DEVICE_MAP = REPO / "dp_helpers" / "tool" / "env.py"
 
 
 @pytest.mark.parametrize("path", CODE + NOTEBOOKS, ids=lambda p: p.name)
@@ -103,7 +103,7 @@ print("clean")
 
 
 def module_name(path: Path) -> str:
-    """dp_helpers/launch/agent.py -> dp_helpers.launch.agent (a package's __init__.py: the package)."""
+    """dp_helpers/tool/launch/agent.py -> dp_helpers.tool.launch.agent (a package's __init__.py: the package)."""
     parts = path.relative_to(REPO).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 

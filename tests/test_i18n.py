@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from dp_helpers import exercises as ex
-from dp_helpers import i18n
-from dp_helpers import script_check as sc
-from dp_helpers.messages_zh import MESSAGES
+from dp_helpers.course import i18n
+from dp_helpers.course.checkers import exercises as ex
+from dp_helpers.course.checkers import script_check as sc
+from dp_helpers.course.messages_zh import MESSAGES
 
-PACKAGE = Path(i18n.__file__).resolve().parent
-SOURCES = sorted(PACKAGE.glob("*.py")) + sorted((PACKAGE / "scripts").glob("*.py"))
+PACKAGE = Path(i18n.__file__).resolve().parents[1]  # dp_helpers
+SOURCES = sorted(p for p in PACKAGE.rglob("*.py") if "templates" not in p.parts)
 MARKERS = ("tr", "tr_later")  # tr(template, ...) and a table's tr_later(template)
 
 
@@ -107,7 +107,7 @@ def test_a_checker_speaks_chinese_under_zh_cn_and_english_under_en(language, cap
 
 def test_a_failed_run_is_explained_in_chinese_too(language, tmp_path):
     """message_problem reads the sentence failure_sentence wrote, in the language it was written in."""
-    from dp_helpers.launch import DistributedRunError
+    from dp_helpers.tool.launch import DistributedRunError
 
     hang = DistributedRunError("failed", ranks=(0,), cause="RuntimeError: Timed out waiting 4000ms")
     language("zh-CN")
@@ -142,7 +142,7 @@ def without_docstrings(path: Path) -> str:
 @pytest.mark.parametrize("name", ["my_ddp_core.py", "my_zero1.py", "my_all_gather.py", "my_real_job.py", "my_fsdp.py",
                                   "one_device_loop.py"])
 def test_each_starting_file_has_a_chinese_copy_with_the_same_code(name):
-    english = (PACKAGE / "scripts" if name == "one_device_loop.py" else PACKAGE / "templates") / name
+    english = (PACKAGE / "scripts" if name == "one_device_loop.py" else PACKAGE / "course" / "templates") / name
     chinese = sc.CHINESE_TEMPLATES / name
     assert without_docstrings(chinese) == without_docstrings(english)
     assert chinese.read_text(encoding="utf-8") != english.read_text(encoding="utf-8")  # its comments are Chinese

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from dp_helpers.launch import DistributedRunError, RunTimeoutError, run_ddp
+from dp_helpers.tool.launch import DistributedRunError, RunTimeoutError, run_ddp
 from tests.conftest import pids_alive, wait_for_files
 
 pytestmark = pytest.mark.slow
@@ -27,7 +27,7 @@ while True:
 # `finally` first lets rank 0 fail and torchrun SIGTERM rank 1 before it exits (seen under load: exit code -15)
 CRASH = """
 import torch, torch.distributed as dist
-from dp_helpers import dist as dph
+from dp_helpers.tool import dist as dph
 
 def main(info):
     for step in range(10_000):
@@ -39,13 +39,13 @@ dph.worker(main)
 """
 
 # Started like a notebook kernel would: run_ddp in the main thread of its own Python process.
-KERNEL = "import sys; from dp_helpers.launch import run_ddp; run_ddp(sys.argv[1], sys.argv[2], world_size=2, out_dir=sys.argv[3])"
+KERNEL = "import sys; from dp_helpers.tool.launch import run_ddp; run_ddp(sys.argv[1], sys.argv[2], world_size=2, out_dir=sys.argv[3])"
 
 
 def test_live_prefixed_output_and_result(write_script, tmp_path, capsys):
     script = write_script("""
         import os
-        from dp_helpers.metrics import MetricsWriter
+        from dp_helpers.tool.metrics import MetricsWriter
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         print(f"hello from {rank}", flush=True)
         with MetricsWriter(os.environ["DP_RUN_DIR"], rank, world) as w:
@@ -169,8 +169,8 @@ def test_killed_kernel_takes_the_tree_with_it(write_script, tmp_path):
 # processes. A pre-exec hook (Python code between fork and exec) can deadlock in such a child.
 BUSY_PARENT = """
 import json, logging, os, sys, threading, time
-from dp_helpers.launch.process import start
-from dp_helpers.launch import run_ddp
+from dp_helpers.tool.launch.process import start
+from dp_helpers.tool.launch import run_ddp
 stop = threading.Event()
 def busy(i):
     log = logging.getLogger(f"busy{i}")
@@ -199,7 +199,7 @@ def test_launches_from_a_parent_with_busy_threads(write_script, tmp_path):
 
 
 def test_run_train_and_run_json(tmp_path, monkeypatch):
-    from dp_helpers.launch import run_train
+    from dp_helpers.tool.launch import run_train
 
     monkeypatch.chdir(tmp_path)
     run, weights = run_train(2, epochs=1, samples=8)  # a module target: dp_helpers.scripts.train
@@ -208,7 +208,7 @@ def test_run_train_and_run_json(tmp_path, monkeypatch):
 
 
 def test_run_json_reads_what_rank_0_wrote(tmp_path, monkeypatch):
-    from dp_helpers.launch import runners
+    from dp_helpers.tool.launch import runners
 
     def stand_in(script, *args, **kwargs):  # what a launch of collectives_demo leaves behind
         (tmp_path / "collectives.json").write_text('[{"all_gather": 1}, {"all_gather": 2}]')

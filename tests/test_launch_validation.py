@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from dp_helpers import env, launch
-from dp_helpers.__main__ import main as cli_main
-from dp_helpers.checks import UsageError
-from dp_helpers.launch import command
+from dp_helpers.tool import env, launch
+from dp_helpers.tool.checks import UsageError
+from dp_helpers.tool.cli import main as cli_main
+from dp_helpers.tool.launch import command
 
 
 @pytest.fixture

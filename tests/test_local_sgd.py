@@ -1,4 +1,4 @@
-"""dp_helpers.local_sgd: local SGD equals DDP at H = 1 and torch's PeriodicModelAverager at H > 1; DiLoCo equals its
+"""dp_helpers.scratch.communicating_less.local_sgd: local SGD equals DDP at H = 1 and torch's PeriodicModelAverager at H > 1; DiLoCo equals its
 one-process emulation and sends 1/H of DDP's values (2 ranks in a rank pool)."""
 
 import pytest
@@ -34,7 +34,7 @@ def adamw(params):
 
 
 def diloco_steps(m: nn.Module, rank: int, period: int):
-    from dp_helpers.local_sgd import DiLoCo
+    from dp_helpers.scratch.communicating_less.local_sgd import DiLoCo
 
     diloco = DiLoCo(m, adamw(m.parameters()), period=period)
     for x, y in data(rank):
@@ -48,8 +48,8 @@ def every_method(info) -> dict:
     from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from dp_helpers.local_sgd import LocalSGD
-    from dp_helpers.mini_ddp import broadcast_state
+    from dp_helpers.scratch.communicating_less.local_sgd import LocalSGD
+    from dp_helpers.scratch.ddp.mini_ddp import broadcast_state
 
     out = {"DDP": sgd_steps(DDP(model(info.rank)), info.rank)}
     m = model(info.rank)

@@ -1,12 +1,12 @@
-"""dp_helpers.metrics: round trip, non-finite values, truncated and malformed lines, the progress tail."""
+"""dp_helpers.tool.metrics: round trip, non-finite values, truncated and malformed lines, the progress tail."""
 
 import json
 import math
 
 import pytest
 
-from dp_helpers.checks import UsageError
-from dp_helpers.metrics import MetricsFormatError, MetricsTail, MetricsWriter, read_metrics
+from dp_helpers.tool.checks import UsageError
+from dp_helpers.tool.metrics import MetricsFormatError, MetricsTail, MetricsWriter, read_metrics
 
 
 def write_run(run_dir, world_size=2, steps=3):

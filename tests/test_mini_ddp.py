@@ -1,4 +1,4 @@
-"""dp_helpers.mini_ddp: each step of DDP built by hand equals torch's DDP and one process (ranks in rank pools)."""
+"""dp_helpers.scratch.ddp.mini_ddp: each step of DDP built by hand equals torch's DDP and one process (ranks in rank pools)."""
 
 import contextlib
 import random
@@ -9,8 +9,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from dp_helpers import mini_ddp
-from dp_helpers.training import bce_loss
+from dp_helpers.scratch.ddp import mini_ddp
+from dp_helpers.tool.training import bce_loss
 
 
 def mlp(seed: int) -> nn.Module:

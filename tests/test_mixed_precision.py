@@ -1,4 +1,4 @@
-"""dp_helpers.training's mixed-precision step: fp32 is exactly train_step; fp16 (with GradScaler) and bf16 stay close.
+"""dp_helpers.tool.training's mixed-precision step: fp32 is exactly train_step; fp16 (with GradScaler) and bf16 stay close.
 
 fp16/bf16 run here under CPU autocast to test the code path; their speed is measured on GPUs only (bench).
 """
@@ -7,8 +7,8 @@ fp16/bf16 run here under CPU autocast to test the code path; their speed is meas
 import pytest
 import torch
 
-from dp_helpers.models import build_model
-from dp_helpers.training import autocast, grad_scaler, precision_problem, train_steps
+from dp_helpers.tool.models import build_model
+from dp_helpers.tool.training import autocast, grad_scaler, precision_problem, train_steps
 
 CPU = torch.device("cpu")
 

@@ -12,7 +12,7 @@ import nbformat
 import pytest
 from nbval.kernel import CURRENT_ENV_KERNEL_NAME, start_new_kernel
 
-from dp_helpers.env import cpu_cores
+from dp_helpers.tool.env import cpu_cores
 from tests.conftest import REPO
 
 # the repository's root conftest.py, by path: the name "conftest" may already be tests/conftest.py's

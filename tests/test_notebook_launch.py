@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 def test_worker_lines_reach_the_notebook_cell(write_script, tmp_path):
     """Under pytest the kernel does not capture child file descriptors: the launcher must re-print."""
     script = write_script("import os\nprint('hello from', os.environ['RANK'], flush=True)\n")
-    cell = (f"from dp_helpers.launch import run_ddp\n"
+    cell = (f"from dp_helpers.tool.launch import run_ddp\n"
             f"result = run_ddp({str(script)!r}, world_size=2, out_dir={str(tmp_path / 'run')!r}, progress=1)\n"
             f"print('returncode', result.returncode)")
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(cell)])

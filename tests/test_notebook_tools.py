@@ -73,8 +73,8 @@ def test_strip_volatile_drops_widget_outputs(tmp_path):
 
 
 def test_a_listing_that_no_longer_matches_the_package_is_named():
-    from dp_helpers.mini_ddp import broadcast_state
-    from dp_helpers.show import source
+    from dp_helpers.course.show import source
+    from dp_helpers.scratch.ddp.mini_ddp import broadcast_state
 
     shown = source(broadcast_state, torch_no_sync()) + "\n"
     assert nbtools.stale_parts(shown) == []  # today's source, and torch's own part (not checked)

@@ -1,4 +1,4 @@
-"""dp_helpers.plotting: returns the Axes, draws the weighted mean, refuses empty runs, marks non-finite losses."""
+"""dp_helpers.tool.plotting: returns the Axes, draws the weighted mean, refuses empty runs, marks non-finite losses."""
 
 import math
 
@@ -8,8 +8,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from dp_helpers.metrics import MetricsWriter  # noqa: E402
-from dp_helpers.plotting import mean_curve, plot_loss_curves, save_loss_figure  # noqa: E402
+from dp_helpers.tool.metrics import MetricsWriter  # noqa: E402
+from dp_helpers.tool.plotting import mean_curve, plot_loss_curves, save_loss_figure  # noqa: E402
 
 
 def make_run(folder, losses_by_rank, samples_by_rank=None):
@@ -66,7 +66,7 @@ def test_save_loss_figure_opens_no_pyplot_figure(tmp_path):
 
 
 def test_bucket_sweep_labels_the_default_cap():
-    from dp_helpers.plotting import plot_bucket_sweep
+    from dp_helpers.tool.plotting import plot_bucket_sweep
 
     rows = [{"bucket_cap_mb": None, "allreduces_per_step": 2.0, "step_seconds": 0.03},
             {"bucket_cap_mb": 0.25, "allreduces_per_step": 6.0, "step_seconds": 0.02}]
@@ -77,7 +77,7 @@ def test_bucket_sweep_labels_the_default_cap():
 
 
 def test_bucket_sweep_draws_a_line_per_wrapper():
-    from dp_helpers.plotting import plot_bucket_sweep
+    from dp_helpers.tool.plotting import plot_bucket_sweep
 
     rows = [{"bucket_cap_mb": 1.0, "allreduces_per_step": 2.0, "step_seconds": {"MiniDDP": 0.02, "DDP": 0.01}}]
     ax = plot_bucket_sweep(rows)
@@ -88,7 +88,7 @@ def test_bucket_sweep_draws_a_line_per_wrapper():
 
 
 def test_memory_bars_stack_the_three_parts_in_kib():
-    from dp_helpers.plotting import plot_memory_per_rank
+    from dp_helpers.tool.plotting import plot_memory_per_rank
 
     held = {"DDP": {"parameters": 1024, "gradients": 1024, "optimizer state": 2048},
             "ZeRO-3": {"parameters": 512, "gradients": 512, "optimizer state": 1024}}
@@ -105,8 +105,8 @@ def test_memory_bars_stack_the_three_parts_in_kib():
 def test_plot_run_colours_ranks_apart_and_draws_epoch_means(tmp_path):
     from matplotlib.figure import Figure
 
-    from dp_helpers.metrics import MetricsWriter
-    from dp_helpers.plotting import epoch_means, plot_run
+    from dp_helpers.tool.metrics import MetricsWriter
+    from dp_helpers.tool.plotting import epoch_means, plot_run
 
     for rank in range(2):
         with MetricsWriter(tmp_path, rank, 2) as w:
@@ -116,13 +116,13 @@ def test_plot_run_colours_ranks_apart_and_draws_epoch_means(tmp_path):
     labels = [line.get_label() for line in ax.get_lines()]
     assert labels == ["rank 0", "rank 1", "mean of 2 ranks", "epoch mean"] and ax.get_title() == "2 x gloo"
     assert ax.get_lines()[0].get_color() != ax.get_lines()[1].get_color()
-    from dp_helpers.metrics import read_metrics
+    from dp_helpers.tool.metrics import read_metrics
 
     assert epoch_means(read_metrics(tmp_path)) == ([1, 3], [2.0, 4.0])  # (1+2+2+3)/4 and (3+4+4+5)/4
 
 
 def test_log_axes_are_labelled_at_the_measured_values():
-    from dp_helpers.plotting import plot_bandwidth, plot_efficiency_vs_batch
+    from dp_helpers.tool.plotting import plot_bandwidth, plot_efficiency_vs_batch
 
     ax = plot_efficiency_vs_batch({"batch_sweep": [{"batch": 64, "efficiency_vs_ceiling_2": 0.4},
                                                    {"batch": 512, "efficiency_vs_ceiling_2": 0.8}]})
@@ -134,7 +134,7 @@ def test_log_axes_are_labelled_at_the_measured_values():
 
 
 def test_the_backward_timeline_has_a_compute_row_and_one_label_per_layer():
-    from dp_helpers.plotting import plot_backward_timeline
+    from dp_helpers.tool.plotting import plot_backward_timeline
 
     events = [{"kind": "gradient ready", "name": f"{layer}.{p}", "start": t}
               for layer, t in (("2", 0.001), ("0", 0.003)) for p in ("weight", "bias")]
@@ -147,7 +147,7 @@ def test_the_backward_timeline_has_a_compute_row_and_one_label_per_layer():
 
 
 def test_the_zero_stages_picture_shards_one_more_part_per_stage():
-    from dp_helpers.plotting import plot_zero_stages
+    from dp_helpers.tool.plotting import plot_zero_stages
 
     ax = plot_zero_stages(4)
     kept = [p for p in ax.patches if p.get_facecolor()[3] > 0]  # the coloured bars, a frame behind each
@@ -158,7 +158,7 @@ def test_the_zero_stages_picture_shards_one_more_part_per_stage():
 
 
 def test_the_ring_buffers_follow_the_schedule_to_every_sum_on_every_rank():
-    from dp_helpers.plotting import plot_ring_buffers, ring_buffers
+    from dp_helpers.tool.plotting import plot_ring_buffers, ring_buffers
 
     for w in (2, 3, 4):
         states = ring_buffers(w)

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from dp_helpers.config import TrainConfig
-from dp_helpers.reference import train_reference
 from dp_helpers.scripts import ddp_internals, pitfall_runs
+from dp_helpers.tool.config import TrainConfig
+from dp_helpers.tool.reference import train_reference
 from tests.ranks import RankError
 from tests.test_train import train_rank
 
@@ -83,7 +83,7 @@ def test_ddp_internals(pools):
 
 
 def test_fixed_port_in_use_message():
-    from dp_helpers.pitfalls import fixed_port_in_use
+    from dp_helpers.course.pitfalls import fixed_port_in_use
 
     message = fixed_port_in_use()
     assert "EADDRINUSE" in message or "Address already in use" in message  # torch's wording changed over versions

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import nbformat
 
-from dp_helpers.__main__ import main as cli_main
+from dp_helpers.tool.cli import main as cli_main
 
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()
@@ -48,7 +48,7 @@ def test_the_restart_transcript_is_the_notebooks_run():
 
 
 def test_the_lost_connection_line_is_what_the_console_prints_for_a_gloo_reset():
-    from dp_helpers.launch.console import consequence
+    from dp_helpers.tool.launch.console import consequence
 
     said = [line for line in README.splitlines() if "(a consequence: a peer went away" in line]
     gloo = "[rank 0/2] RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Read error: Connection reset by peer"
@@ -76,8 +76,8 @@ def test_the_refusal_transcript_is_what_the_cli_prints(capsys):
 
 
 def test_the_digits_transcript_is_the_notebooks_run_in_both_readmes():
-    from dp_helpers.__main__ import build_parser
-    from dp_helpers.config import TrainConfig, config_from_args
+    from dp_helpers.tool.cli import build_parser
+    from dp_helpers.tool.config import TrainConfig, config_from_args
 
     source = next(c.source for c in PRACTICE.cells if c.cell_type == "code" and c.source.startswith("digits = {"))
     ran = TrainConfig(batch_size=10, **ast.literal_eval(source.splitlines()[0].split("=", 1)[1].strip()))

@@ -3,7 +3,7 @@
 import re
 from pathlib import Path
 
-from dp_helpers.__main__ import flag_rows
+from dp_helpers.tool.cli import flag_rows
 
 REPO = Path(__file__).resolve().parent.parent
 EN, ZH = (REPO / "README.md").read_text(encoding="utf-8"), (REPO / "README.zh-CN.md").read_text(encoding="utf-8")

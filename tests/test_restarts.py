@@ -11,9 +11,9 @@ import sys
 import pytest
 import torch
 
-from dp_helpers.files import write_atomic
-from dp_helpers.launch import run_train
-from dp_helpers.metrics import mark_superseded, read_metrics
+from dp_helpers.tool.files import write_atomic
+from dp_helpers.tool.launch import run_train
+from dp_helpers.tool.metrics import mark_superseded, read_metrics
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]
 
@@ -47,7 +47,7 @@ def test_a_crash_while_writing_leaves_the_last_good_file(tmp_path):
     (tmp_path / "d").mkdir()
     target = tmp_path / "d" / "snapshot.pt"
     target.write_bytes(b"the last good snapshot")
-    code = ("import os, signal, sys; from dp_helpers.files import write_atomic\n"
+    code = ("import os, signal, sys; from dp_helpers.tool.files import write_atomic\n"
             "def half(tmp):\n    tmp.write_bytes(b'half a new'); os.kill(os.getpid(), signal.SIGKILL)\n"
             "write_atomic(sys.argv[1], half)")
     proc = subprocess.run([sys.executable, "-c", code, str(target)], timeout=60)

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from dp_helpers.checks import UsageError
-from dp_helpers.config import TrainConfig
-from dp_helpers.files import remove_partials, write_atomic, write_text_atomic
-from dp_helpers.runs import checkpoint_lock, file_stamp, record_ending
+from dp_helpers.tool.checks import UsageError
+from dp_helpers.tool.config import TrainConfig
+from dp_helpers.tool.files import remove_partials, write_atomic, write_text_atomic
+from dp_helpers.tool.runs import checkpoint_lock, file_stamp, record_ending
 
 
 def test_a_failed_write_keeps_its_own_error_when_the_clean_up_fails_too(tmp_path, monkeypatch):
@@ -50,7 +50,7 @@ def test_a_failed_run_names_only_a_checkpoint_it_wrote_or_resumed_from(tmp_path)
 
 
 def test_a_checkpoint_in_use_by_a_live_run_is_refused_before_anything_starts(tmp_path, capsys):
-    from dp_helpers.__main__ import main
+    from dp_helpers.tool.cli import main
 
     ckpt = tmp_path / "ck.pt"
     with checkpoint_lock(ckpt):  # a run that is still going holds it

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dp_helpers import script_check as sc
-from dp_helpers.exercises import SOLUTIONS
+from dp_helpers.course.checkers import script_check as sc
+from dp_helpers.course.checkers.exercises import SOLUTIONS
 
 SOLUTION = (SOLUTIONS / "00_1.py").read_text()
 ROOT = Path(__file__).resolve().parents[1]
@@ -146,7 +146,7 @@ def test_a_collective_only_some_ranks_make_is_named():
 
 
 def test_a_failed_launch_is_told_in_one_sentence(tmp_path):
-    from dp_helpers.launch import DistributedRunError
+    from dp_helpers.tool.launch import DistributedRunError
 
     reset = DistributedRunError("failed", ranks=(0,), cause="RuntimeError: [pair.cc:537] Connection reset by peer")
     left = {0: [{"event": "init_process_group", "phase": "start"}], 1: [{"event": "end"}]}
@@ -173,7 +173,7 @@ def test_a_loss_printed_with_fewer_digits_is_the_same_loss():
 
 
 def test_a_rank_s_own_exception_and_a_group_that_never_formed_are_named(tmp_path):
-    from dp_helpers.launch import DistributedRunError
+    from dp_helpers.tool.launch import DistributedRunError
 
     log = ('[rank 0/2]   File "/home/me/my_ddp.py", line 43, in main\n[rank 1/2]   File "/home/me/my_ddp.py", line 42,'
            ' in main\n[rank 1/2] RuntimeError: boom')

@@ -1,4 +1,4 @@
-"""dp_helpers.sharded_checkpoint: a DDP or FSDP2 run saved on 2 ranks resumes on 3 and on 1 and ends as one process.
+"""dp_helpers.scratch.sharding.checkpoint: a DDP or FSDP2 run saved on 2 ranks resumes on 3 and on 1 and ends as one process.
 
 The ranks run scripts/hsdp_reshard.py's first_half() and second_half(), the code notebook 10 launches.
 """

@@ -1,18 +1,18 @@
-"""dp_helpers.show: the text a notebook puts on screen is the source that runs, with where it lives."""
+"""dp_helpers.course.show: the text a notebook puts on screen is the source that runs, with where it lives."""
 
 import inspect
 
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
 
-from dp_helpers import show
-from dp_helpers.collectives import GlobalBatchNorm1d
-from dp_helpers.training import accumulate_step
+from dp_helpers.course import show
+from dp_helpers.scratch.collectives.ring import GlobalBatchNorm1d
+from dp_helpers.tool.training import accumulate_step
 
 
 def test_a_package_function_is_shown_with_its_file_and_line():
     text = show.source(accumulate_step)
     line = inspect.getsourcelines(accumulate_step)[1]
-    assert text.startswith(f"# dp_helpers/training.py, line {line}\ndef accumulate_step(")
+    assert text.startswith(f"# dp_helpers/tool/training.py, line {line}\ndef accumulate_step(")
     assert inspect.getsource(accumulate_step) in text
 
 
@@ -27,7 +27,7 @@ def test_files_and_several_objects(tmp_path):
     assert show.source(script) == f"# dp_helpers/scripts/article_torchrun.py\n{script.read_text().rstrip()}\n"
     outside = tmp_path / "mine.py"
     outside.write_text("x = 1\n")
-    assert show.source(outside, accumulate_step).startswith("# mine.py\nx = 1\n\n# dp_helpers/training.py")
+    assert show.source(outside, accumulate_step).startswith("# mine.py\nx = 1\n\n# dp_helpers/tool/training.py")
 
 
 def test_show_returns_highlighted_code_for_jupyter():

@@ -14,11 +14,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dp_helpers.__main__ import main
-from dp_helpers.config import TrainConfig, shard_plan, validate
-from dp_helpers.reference import train_reference
-from dp_helpers.request import progress_steps
 from dp_helpers.scripts import train as train_script
+from dp_helpers.tool.cli import main
+from dp_helpers.tool.config import TrainConfig, shard_plan, validate
+from dp_helpers.tool.reference import train_reference
+from dp_helpers.tool.request import progress_steps
 
 pytestmark = pytest.mark.slow
 
@@ -132,8 +132,8 @@ def test_digits_keep_the_invariant_and_reach_90_percent_with_the_defaults(tmp_pa
 
 def score_rank(info, world_size: int) -> dict:
     """The held-out scores of an untrained cnn, each rank scoring its stride."""
-    from dp_helpers.models import build_model
-    from dp_helpers.tasks import held_out_scores, held_out_set
+    from dp_helpers.tool.models import build_model
+    from dp_helpers.tool.tasks import held_out_scores, held_out_set
 
     return held_out_scores(build_model("cnn", 1, seed=0), held_out_set(TrainConfig(data="digits", model="cnn")),
                            world_size, info.rank)

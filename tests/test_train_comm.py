@@ -6,10 +6,10 @@ Each runs the same train() as scripts/train.py in a rank pool (tests/ranks.py), 
 import pytest
 import torch
 
-from dp_helpers.compression import powersgd_values
-from dp_helpers.config import POWERSGD_START, TrainConfig
-from dp_helpers.models import build_model
-from dp_helpers.reference import train_reference
+from dp_helpers.scratch.communicating_less.compression import powersgd_values
+from dp_helpers.tool.config import POWERSGD_START, TrainConfig
+from dp_helpers.tool.models import build_model
+from dp_helpers.tool.reference import train_reference
 from tests.test_train import final_weights, launch_train
 
 pytestmark = pytest.mark.slow

@@ -1,10 +1,10 @@
-"""dp_helpers.zero and scripts/sharded.py: the bytes each rank holds and hands to collectives under ZeRO-1/2/3 from
+"""dp_helpers.scratch.sharding.zero and scripts/sharded.py: the bytes each rank holds and hands to collectives under ZeRO-1/2/3 from
 scratch, ZeroRedundancyOptimizer and FSDP2 equal the formulas (their weights: notebook 08 and the equivalence matrix)."""
 
 import pytest
 import torch
 
-from dp_helpers import zero
+from dp_helpers.scratch.sharding import zero
 from dp_helpers.scripts import sharded
 
 
@@ -45,7 +45,7 @@ def test_bytes_held_and_sent_follow_the_formulas(pools):
 def zero3_edges(info) -> dict:
     """Zero3 beyond one plain step: accumulation over two backwards, an eval forward, printing, refusals."""
     from dp_helpers.scripts.from_scratch import batch
-    from dp_helpers.training import bce_loss
+    from dp_helpers.tool.training import bce_loss
 
     (x1, x2), (y1, y2) = (t.chunk(2) for t in batch(info, 0))
     grads = []
@@ -110,7 +110,7 @@ def test_flat_views_alias_one_padded_buffer():
 
 
 def test_activation_bytes_count_what_the_backward_keeps_and_not_the_weights():
-    from dp_helpers.zero import activation_bytes
+    from dp_helpers.scratch.sharding.zero import activation_bytes
 
     model = torch.nn.Sequential(torch.nn.Linear(10, 4), torch.nn.Tanh())
     # the linear layer keeps its input (8 x 10 floats), tanh its output (8 x 4); the weight it also keeps is not counted

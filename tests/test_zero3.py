@@ -1,4 +1,4 @@
-"""dp_helpers.zero3.Zero3Module: a module wrapper whose parameters are shards, gathered unit by unit (rank pools).
+"""dp_helpers.scratch.sharding.zero3.Zero3Module: a module wrapper whose parameters are shards, gathered unit by unit (rank pools).
 
 Its equivalence with one process, case by case on 1 to 4 ranks, is the equivalence matrix's.
 """
@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from dp_helpers.training import bce_loss
+from dp_helpers.tool.training import bce_loss
 
 
 def mlp(seed: int) -> nn.Module:
@@ -19,7 +19,7 @@ def mlp(seed: int) -> nn.Module:
 
 def observed(info) -> dict:
     """One recorded step: when each unit's gather starts, what a rank holds between steps, the full state dict."""
-    from dp_helpers import zero3
+    from dp_helpers.scratch.sharding import zero3
 
     model = zero3.Zero3Module(mlp(seed=info.rank))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -67,7 +67,7 @@ POLICIES = {"bf16 compute, fp32 reduce": (torch.bfloat16, torch.float32), "bf16 
 
 def mixed(info, policy: str) -> dict:
     """Three SGD steps under a mixed-precision policy; the fp32 master weights by name."""
-    from dp_helpers.zero3 import MixedPrecision, Zero3Module
+    from dp_helpers.scratch.sharding.zero3 import MixedPrecision, Zero3Module
 
     param_dtype, reduce_dtype = POLICIES[policy]
     model = Zero3Module(mlp(seed=info.rank), MixedPrecision(param_dtype, reduce_dtype, output_dtype=torch.float32))
@@ -136,8 +136,8 @@ def test_the_strategy_times_script_times_every_strategy(pools):
 
 def refusals(info) -> dict:
     """What is refused in one sentence: a module wrapped twice, a GradScaler stepping a ZeroOptimizer."""
-    from dp_helpers.zero3 import Zero3Module
-    from dp_helpers.zero_optim import ZeroOptimizer
+    from dp_helpers.scratch.sharding.zero3 import Zero3Module
+    from dp_helpers.scratch.sharding.zero_optim import ZeroOptimizer
 
     said = {}
     m = mlp(0)

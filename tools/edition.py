@@ -29,7 +29,7 @@ TRANSLATIONS = REPO / "i18n" / "zh-CN"
 SUFFIX = ".zh-CN.ipynb"
 HEADER = re.compile(r"^<!-- cell (?P<id>[\w-]+) · (?P<kind>markdown|code) · en (?P<hash>[0-9a-f]{12}) -->$")
 # the Chinese edition's checkers speak Chinese: two lines the build adds at the end of the setup cell
-LANGUAGE_LINES = 'from dp_helpers.i18n import set_language\nset_language("zh-CN")  # 练习检查器的提示改用中文'
+LANGUAGE_LINES = 'from dp_helpers.course.i18n import set_language\nset_language("zh-CN")  # 练习检查器的提示改用中文'
 ZH_SKELETON = ("学习目标", "小结", "练习")  # the English skeleton's What you'll learn, Takeaways, Exercises
 POINTER = "## 中文版"  # the English notebook's second cell, a link to its Chinese edition: the edition links back
 ENGLISH_POINTER = "## English\nThe English original of this notebook: [`{name}`]({name})."

@@ -104,7 +104,7 @@ def strip_volatile(nb) -> None:
 
 def exercise_starts() -> list:
     """Every function that copies an exercise's template beside the notebook (start_*_exercise)."""
-    from dp_helpers import capstone, fsdp_check, script_check
+    from dp_helpers.course.checkers import capstone, fsdp_check, script_check
 
     return [f for m in (script_check, capstone, fsdp_check) for name, f in vars(m).items()
             if re.fullmatch(r"start_\w+_exercise", name) and f.__module__ == m.__name__]

@@ -1,1 +1,1 @@
-"""Entry points run under torchrun, one process per rank (launched with dp_helpers.launch.run_ddp)."""
+"""Entry points run under torchrun, one process per rank (launched with dp_helpers.tool.launch.run_ddp)."""

@@ -10,8 +10,8 @@ import torch.optim as optim
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 
-from dp_helpers.data import SimpleDataset
-from dp_helpers.models import SimpleModel
+from dp_helpers.tool.data import SimpleDataset
+from dp_helpers.tool.models import SimpleModel
 
 
 def init_process(rank, world_size, backend='nccl'):

@@ -10,13 +10,17 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
-from dp_helpers import dist as dph
-from dp_helpers.collectives import ring_all_reduce
-from dp_helpers.config import TrainConfig
-from dp_helpers.dataparallel import DataParallelModule, cpu_devices, gpu_devices
-from dp_helpers.models import MLP
+from dp_helpers.scratch.collectives.ring import ring_all_reduce
+from dp_helpers.scratch.dataparallel.scatter_gather import (
+    DataParallelModule,
+    cpu_devices,
+    gpu_devices,
+)
 from dp_helpers.scripts.train import LOCAL, comm_totals, local_optimizer, register_comm
-from dp_helpers.training import (
+from dp_helpers.tool import dist as dph
+from dp_helpers.tool.config import TrainConfig
+from dp_helpers.tool.models import MLP
+from dp_helpers.tool.training import (
     PRECISIONS,
     grad_scaler,
     mixed_precision_step,

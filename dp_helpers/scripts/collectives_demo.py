@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from dp_helpers import dist as dph
+from dp_helpers.tool import dist as dph
 
 
 def start(info: dph.DistInfo) -> torch.Tensor:

@@ -25,14 +25,14 @@ from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDSt
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from dp_helpers import dist as dph
-from dp_helpers.compression import PowerSGD
-from dp_helpers.data import load_digits_split, make_loader
-from dp_helpers.env import worker_numerics
-from dp_helpers.local_sgd import DiLoCo, LocalSGD
-from dp_helpers.mini_ddp import broadcast_state
-from dp_helpers.models import build_model
-from dp_helpers.tasks import held_out_scores
+from dp_helpers.scratch.communicating_less.compression import PowerSGD
+from dp_helpers.scratch.communicating_less.local_sgd import DiLoCo, LocalSGD
+from dp_helpers.scratch.ddp.mini_ddp import broadcast_state
+from dp_helpers.tool import dist as dph
+from dp_helpers.tool.data import load_digits_split, make_loader
+from dp_helpers.tool.env import worker_numerics
+from dp_helpers.tool.models import build_model
+from dp_helpers.tool.tasks import held_out_scores
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,9 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (
 )
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from dp_helpers import dist as dph
-from dp_helpers.models import MLP, build_model
-from dp_helpers.training import autocast, bce_loss
+from dp_helpers.tool import dist as dph
+from dp_helpers.tool.models import MLP, build_model
+from dp_helpers.tool.training import autocast, bce_loss
 
 
 def wide_mlp(info: dph.DistInfo) -> torch.nn.Module:

@@ -14,11 +14,11 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from dp_helpers import dist as dph
-from dp_helpers import mini_ddp
-from dp_helpers.collectives import average_gradients
-from dp_helpers.env import worker_numerics
-from dp_helpers.training import bce_loss
+from dp_helpers.scratch.collectives.ring import average_gradients
+from dp_helpers.scratch.ddp import mini_ddp
+from dp_helpers.tool import dist as dph
+from dp_helpers.tool.env import worker_numerics
+from dp_helpers.tool.training import bce_loss
 
 
 def mlp(seed: int, width: int = 32, depth: int = 3) -> nn.Module:

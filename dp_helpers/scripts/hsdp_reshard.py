@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from dp_helpers import dist as dph
-from dp_helpers import zero
+from dp_helpers.scratch.sharding import zero
+from dp_helpers.tool import dist as dph
 
 GLOBAL_BATCH, STEPS, SHARD = 12, 4, 2  # 12 rows split evenly over 1, 2, 3 and 4 ranks
 KINDS = ("DDP", "fully_shard")
@@ -56,10 +56,10 @@ def full(state: dict) -> dict:
 
 
 def hsdp(info, _args=None) -> dict:
-    """Ours (dp_helpers.hybrid) and torch's HSDP on a (replicate W/2, shard 2) layout: weights, groups, bytes sent."""
+    """Ours (dp_helpers.scratch.sharding.hybrid) and torch's HSDP on a (replicate W/2, shard 2) layout: weights, groups, bytes sent."""
     import torch.distributed as dist
 
-    from dp_helpers.hybrid import HybridZeroAdam
+    from dp_helpers.scratch.sharding.hybrid import HybridZeroAdam
 
     m = model()
     ours = HybridZeroAdam(m, shard_size=SHARD, lr=0.05)
@@ -86,7 +86,7 @@ def wrapped(kind: str, world: int) -> nn.Module:
 
 def first_half(info, kind: str, folder: str) -> None:
     """Train the first half of the steps, then save model and optimizer with DCP (every rank its own shards)."""
-    from dp_helpers import sharded_checkpoint
+    from dp_helpers.scratch.sharding import checkpoint as sharded_checkpoint
 
     m = wrapped(kind, info.world_size)
     opt = torch.optim.Adam(m.parameters(), lr=0.05)
@@ -96,7 +96,7 @@ def first_half(info, kind: str, folder: str) -> None:
 
 def second_half(info, kind: str, folder: str) -> dict:
     """Load the checkpoint onto this run's ranks (resharded), train the rest, return the full weights."""
-    from dp_helpers import sharded_checkpoint
+    from dp_helpers.scratch.sharding import checkpoint as sharded_checkpoint
 
     m = wrapped(kind, info.world_size)
     opt = torch.optim.Adam(m.parameters(), lr=0.05)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import argparse
 
-from dp_helpers import dist as dph
-from dp_helpers.models import build_model
+from dp_helpers.tool import dist as dph
+from dp_helpers.tool.models import build_model
 
 
 def module_prefix(info: dph.DistInfo) -> dict:

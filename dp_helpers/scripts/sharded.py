@@ -14,12 +14,12 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from dp_helpers import dist as dph
-from dp_helpers import zero
-from dp_helpers.env import worker_numerics
+from dp_helpers.scratch.sharding import zero
 from dp_helpers.scripts.from_scratch import batch, global_batch
 from dp_helpers.scripts.train import counting_hook
-from dp_helpers.training import bce_loss
+from dp_helpers.tool import dist as dph
+from dp_helpers.tool.env import worker_numerics
+from dp_helpers.tool.training import bce_loss
 
 
 def mlp(seed: int, width: int = 32, depth: int = 3) -> nn.Module:

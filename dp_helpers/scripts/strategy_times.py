@@ -16,9 +16,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from dp_helpers import dist as dph
-from dp_helpers.env import worker_numerics
-from dp_helpers.training import bce_loss
+from dp_helpers.tool import dist as dph
+from dp_helpers.tool.env import worker_numerics
+from dp_helpers.tool.training import bce_loss
 
 
 def mlp(width: int, depth: int) -> nn.Module:
@@ -35,7 +35,8 @@ def build(name: str, width: int, depth: int):
     """(model to call, optimizer) for one strategy, Adam throughout."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
-    from dp_helpers import mini_ddp, zero, zero3, zero_optim
+    from dp_helpers.scratch.ddp import mini_ddp
+    from dp_helpers.scratch.sharding import zero, zero3, zero_optim
 
     m = mlp(width, depth)
     if name == "DDP":

@@ -25,15 +25,19 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import (
 )
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from dp_helpers import dist as dph
-from dp_helpers import zero
-from dp_helpers.collectives import (
+from dp_helpers.scratch.collectives.ring import (
     GlobalBatchNorm1d,
     assert_identical_across_ranks,
     average_gradients,
 )
-from dp_helpers.compression import PowerSGD
-from dp_helpers.config import (
+from dp_helpers.scratch.communicating_less.compression import PowerSGD
+from dp_helpers.scratch.communicating_less.local_sgd import DiLoCo, LocalSGD
+from dp_helpers.scratch.ddp.mini_ddp import broadcast_state
+from dp_helpers.scratch.sharding import zero
+from dp_helpers.scratch.sharding.zero3 import Zero3Module
+from dp_helpers.scratch.sharding.zero_optim import ZeroOptimizer
+from dp_helpers.tool import dist as dph
+from dp_helpers.tool.config import (
     POWERSGD_START,
     TrainConfig,
     config_from_args,
@@ -42,15 +46,13 @@ from dp_helpers.config import (
     validate,
     worker_parser,
 )
-from dp_helpers.data import make_loader, shard_plan
-from dp_helpers.files import write_atomic, write_text_atomic
-from dp_helpers.local_sgd import DiLoCo, LocalSGD
-from dp_helpers.metrics import MetricsWriter, metrics_dir
-from dp_helpers.mini_ddp import broadcast_state
-from dp_helpers.models import build_model
-from dp_helpers.runs import checkpoint_lock, file_stamp, record_ending
-from dp_helpers.tasks import held_out_scores, held_out_set, loss_function, train_set
-from dp_helpers.training import (
+from dp_helpers.tool.data import make_loader, shard_plan
+from dp_helpers.tool.files import write_atomic, write_text_atomic
+from dp_helpers.tool.metrics import MetricsWriter, metrics_dir
+from dp_helpers.tool.models import build_model
+from dp_helpers.tool.runs import checkpoint_lock, file_stamp, record_ending
+from dp_helpers.tool.tasks import held_out_scores, held_out_set, loss_function, train_set
+from dp_helpers.tool.training import (
     accumulate_step,
     as_flags,
     changed_settings,
@@ -58,8 +60,6 @@ from dp_helpers.training import (
     make_optimizer,
     seed_everything,
 )
-from dp_helpers.zero3 import Zero3Module
-from dp_helpers.zero_optim import ZeroOptimizer
 
 LOCAL = ("local-sgd", "diloco")  # --comm values under which the model is not DDP-wrapped: ranks step alone
 

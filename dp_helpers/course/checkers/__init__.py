@@ -1,0 +1,1 @@
+"""The exercises' checkers: answers checked in the kernel, a learner's code run on real gloo processes."""

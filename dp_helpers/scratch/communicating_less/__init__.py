@@ -1,0 +1,1 @@
+"""Communicating less: PowerSGD as a DDP hook, local SGD and DiLoCo (notebook 10)."""

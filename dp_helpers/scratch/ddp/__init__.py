@@ -1,0 +1,1 @@
+"""DistributedDataParallel from scratch: HookAllReduce -> AsyncAllReduce -> MiniDDP (notebooks 04 and 05)."""

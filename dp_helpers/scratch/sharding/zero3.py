@@ -1,0 +1,286 @@
+"""ZeRO-3 as a module wrapper: `model = Zero3Module(model)`, then any torch optimizer over `model.parameters()`.
+
+nn.Module in, nn.Module out, as torch's `fully_shard`: the wrapper's parameters are this rank's shards, a chunk
+of every parameter (rank-major buckets, as `zero_optim`), and the user's own optimizer steps them. Each module
+that owns parameters is a unit (modules that share a parameter form one unit, as `fully_shard([a, b])` asks):
+
+- before a unit's forward its full parameters are all-gathered, and the next unit's gather is started
+  (prefetched) in the order the first forward ran; after the forward they are freed (storage resized to 0);
+- before the unit's backward they are gathered again (the previous unit prefetched); once its backward is over
+  (the gradient has reached the module's inputs: FSDP2's post-backward, the same moment on every rank) the unit is
+  reduce-scattered while the backward goes on, a parameter this rank did not use adding zeros;
+- at the end of the backward the units whose inputs needed no gradient (the first) are reduced too, and a
+  parameter no rank had a gradient for keeps `.grad = None` on its shard, so the optimizer skips it as it would in
+  one process (every rank must still run the same units: a unit used on some ranks only would leave their
+  all-gathers unmatched);
+- the shards are 1-D chunks, so the optimizer must update each element on its own (SGD, Adam, AdamW, ...: those
+  in `zero_optim.ELEMENTWISE`); an optimizer that is not (Adafactor, Muon, LBFGS) is refused at its first step;
+- clip with `model.clip_grad_norm_` (the norm over every rank's chunks; torch.nn.utils' would see one rank's);
+- `full_state_dict()` gathers every weight by its original name: a state dict the plain model loads.
+Every rank must run the same units in its forward (as with FSDP). Outside a unit's forward its parameters are freed
+(reading `model.module.fc.weight` then fails, as FSDP2 leaves DTensor shards there): use `full_state_dict()`. Under
+a `GradScaler`, use torch's `ShardedGradScaler`, which agrees on infs across ranks (each rank sees its own chunks).
+A module is wrapped once. It runs inside a process group. Notebook 08
+teaches ZeRO-3 with `zero.Zero3`, the same gather-free-reduce schedule without prefetching, around Adam alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from dp_helpers.scratch.ddp.mini_ddp import broadcast_state, engine_callback, let_go
+from dp_helpers.scratch.sharding.zero import all_gather_flat, needing_grad
+from dp_helpers.scratch.sharding.zero_optim import (
+    Bucket,
+    clip_chunks_,
+    refuse_not_elementwise,
+    used_anywhere,
+)
+
+STEP_CHECK = []  # the one optimizer step pre-hook of this process that checks what steps Zero3Module shards
+
+
+def check_optimizers() -> None:
+    """From now on, an optimizer stepping Zero3Module shards refuses in one sentence unless its update is elementwise."""
+    if not STEP_CHECK:  # torch's global hook: the wrapper never sees the optimizer built over its parameters
+        STEP_CHECK.append(register_optimizer_step_pre_hook(refuse_on_shards))
+
+
+def refuse_on_shards(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
+    """The step pre-hook: an optimizer over Zero3Module shards must be elementwise (zero_optim.ELEMENTWISE)."""
+    if any(getattr(p, "_zero3_shard", False) for group in optimizer.param_groups for p in group["params"]):
+        refuse_not_elementwise(type(optimizer), "Zero3Module")
+
+
+@dataclass(frozen=True)
+class MixedPrecision:
+    """Compute with parameters in param_dtype, reduce gradients in reduce_dtype; the shards stay in their fp32."""
+
+    param_dtype: torch.dtype | None = None  # the full parameters, gathered and computed with (None: as the shards)
+    reduce_dtype: torch.dtype | None = None  # what the reduce-scatter sums (None: param_dtype's)
+    output_dtype: torch.dtype | None = None  # the forward's floating outputs cast to it (None: left as computed)
+
+
+class Unit:
+    """One or more modules' own parameters: full only between a gather and the next free, this rank's shards kept."""
+
+    def __init__(self, modules: list[nn.Module], params: list[torch.Tensor], rank: int, world_size: int,
+                 mp: MixedPrecision):
+        self.modules, self.bucket, self.work = modules, Bucket(params, rank, world_size), None
+        dtype = mp.param_dtype or params[0].dtype
+        self.bucket.grad_dtype = mp.reduce_dtype or dtype
+        for p in params:
+            p.data = p.data.to(dtype)  # the module computes in param_dtype; the fp32 values live on in the shards
+        self.gathered = torch.empty(self.bucket.buffer.numel(), dtype=dtype, device=self.bucket.buffer.device)
+        self.nbytes = [p.untyped_storage().nbytes() for p in params] + [self.gathered.untyped_storage().nbytes()]
+        self.full = True  # as built; release() frees them until the first forward
+        self.release()
+
+    def storages(self) -> list:
+        """The parameters' storages and the gather buffer's: what exists only while the unit is gathered."""
+        return [p.untyped_storage() for p in self.bucket.params] + [self.gathered.untyped_storage()]
+
+    def start_gather(self) -> None:
+        """Refill the storages and start the all-gather of every rank's chunks (no-op if under way or done)."""
+        if self.full or self.work is not None:
+            return
+        for storage, nbytes in zip(self.storages(), self.nbytes, strict=True):
+            storage.resize_(nbytes)
+        mine = torch.cat([s.detach() for s in self.bucket.shards]).to(self.gathered.dtype)  # sent in param_dtype
+        self.work = all_gather_flat(self.gathered, mine, async_op=True)
+
+    def gather(self) -> None:
+        """The full parameters, now: wait for the all-gather (starting it if needed) and copy them out."""
+        self.start_gather()
+        if self.work is not None:
+            self.work.wait()
+            for p, value in zip(self.bucket.params, self.bucket.unlayout(self.gathered), strict=True):
+                p.data.copy_(value)  # through .data: autograd's saved references see the values, not a new version
+            self.work, self.full = None, True
+            self.gathered.untyped_storage().resize_(0)  # the parameters hold the values now
+
+    def release(self) -> None:
+        """Free the full parameters (autograd's saved references see them refilled by the next gather)."""
+        if self.work is not None:
+            self.gather()  # a prefetch under way must land before its storage goes
+        for storage in self.storages():
+            storage.resize_(0)
+        self.full = False
+
+
+class Zero3Module(nn.Module):
+    """ZeRO-3 from scratch behind nn.Module: parameters() are this rank's shards; forward gathers unit by unit."""
+
+    def __init__(self, module: nn.Module, mixed_precision: MixedPrecision | None = None):
+        super().__init__()
+        if getattr(module, "_zero3_wrapped", False):
+            raise ValueError("this module is already wrapped by a Zero3Module: its parameters are shards of the first one")
+        broadcast_state(module)  # every rank starts from rank 0's weights and buffers
+        self.rank, self.world_size, self.mp = dist.get_rank(), dist.get_world_size(), mixed_precision or MixedPrecision()
+        self.names = [(name, p) for name, p in module.named_parameters(remove_duplicate=False)]
+        self.units = [Unit(mods, params, self.rank, self.world_size, self.mp) for mods, params in units_of(module)]
+        self.unit_of = {p: u for u in self.units for p in u.bucket.params}
+        self.shards = nn.ParameterList([s for u in self.units for s in u.bucket.shards])
+        for shard in self.shards:
+            shard._zero3_shard = True  # what refuse_on_shards looks for
+        check_optimizers()
+        hide_parameters(module)  # the wrapper's parameters are the shards alone
+        object.__setattr__(module, "_zero3_wrapped", True)
+        self.module, self.order, self.pending, self.waiting, self.launched = module, [], False, [], None
+        for unit in self.units:
+            for m in unit.modules:
+                m.register_forward_pre_hook(lambda _, args, u=unit: self.before_forward(u, args))
+                m.register_forward_hook(lambda _, args, out, u=unit: self.after_forward(u, out))
+            for p in unit.bucket.params:
+                let_go(p)  # a MiniDDP or ZeroOptimizer made earlier over these parameters reduces no more
+                p._dp_hook = p.register_post_accumulate_grad_hook(self.grad_ready)
+
+    def forward(self, *args, **kwargs):
+        """The wrapped module's forward, its units gathered and freed as it goes (inputs cast to param_dtype)."""
+        if self.pending:  # the last backward raised before its end: its callback never ran, so start afresh
+            self.pending, self.waiting, self.launched = False, [], None
+        for unit in self.units:  # left full (a prefetch whose unit did not run, torch.autograd.grad): stale after a step
+            unit.release()
+        args, kwargs = cast_floats((args, kwargs), self.mp.param_dtype)
+        return cast_floats(self.module(*args, **kwargs), self.mp.output_dtype)
+
+    def before_forward(self, unit: Unit, args) -> None:
+        """Gather this unit; prefetch the next one in the first forward's order (recorded then); book its post-backward."""
+        if unit not in self.order:
+            self.order.append(unit)
+        unit.gather()
+        self.prefetch(unit, +1)
+        inputs = needing_grad(args)
+        if inputs:  # once the gradient reaches the inputs, the module's backward is over (FSDP2's post-backward)
+            torch.autograd.graph.register_multi_grad_hook(inputs, lambda grads: self.post_backward(unit))
+
+    def prefetch(self, unit: Unit, direction: int) -> None:
+        """Start the gather of the unit that runs next in this direction (+1 forward, -1 backward)."""
+        k = self.order.index(unit) + direction
+        if 0 <= k < len(self.order) and len(self.order) == len(self.units):
+            self.order[k].start_gather()
+
+    def after_forward(self, unit: Unit, out) -> None:
+        """Free the unit; gather it again (prefetching the previous one) just before its backward needs it."""
+        unit.release()
+        needed = needing_grad(out)
+        if needed:
+            self.waiting.append(unit)  # its gradients are to be reduced, at its post-backward or the backward's end
+        for t in needed:
+            t.register_hook(lambda grad, u=unit: self.before_backward(u))
+
+    def before_backward(self, unit: Unit) -> None:
+        """Gather this unit for its backward; prefetch the unit whose backward comes next."""
+        if not self.pending:  # the backward's start: finish the rest when it ends
+            engine_callback(self.finish_backward)
+            self.pending, self.before = True, {s: s.grad is None for s in self.shards}
+        unit.gather()
+        self.prefetch(unit, -1)
+
+    def grad_ready(self, p: torch.Tensor) -> None:
+        """A gradient is final: move it into its unit's full gradient, freeing the parameter's."""
+        self.unit_of[p].bucket.collect(p)
+
+    def post_backward(self, unit: Unit) -> None:
+        """A module's backward is over: reduce-scatter its unit (zeros for what it did not use), the same on every rank."""
+        if unit in self.waiting:
+            self.waiting.remove(unit)
+            if unit not in self.waiting:  # a module called twice ends its backward twice: reduce after the last
+                self.reduce(unit)
+
+    def reduce(self, unit: Unit) -> None:
+        """Start the unit's reduce-scatter and free its parameters; the one started before it lands meanwhile."""
+        unit.bucket.finish()  # a unit reduced twice in one backward (two modules share it): the first lands first
+        unit.bucket.reduce(async_op=True)
+        unit.release()
+        if self.launched is not None and self.launched is not unit:
+            self.launched.bucket.finish()
+        self.launched = unit
+
+    def finish_backward(self) -> None:
+        """Reduce the units whose inputs needed no gradient (the first ones), wait for all, leave unused shards' .grad None."""
+        try:
+            for unit in self.waiting[::-1]:
+                self.reduce(unit)
+            for unit in self.units:
+                unit.bucket.finish()
+                unit.release()
+            self.drop_unused()
+        finally:
+            self.pending, self.waiting, self.launched = False, [], None
+
+    def drop_unused(self) -> None:
+        """Shards of parameters no rank had a gradient for in this backward go back to .grad = None (if it was)."""
+        used = used_anywhere([u.bucket for u in self.units])
+        for unit in self.units:
+            for p, shard in zip(unit.bucket.params, unit.bucket.shards, strict=True):
+                if not used[p] and self.before[shard]:
+                    shard.grad = None
+        for unit in self.units:
+            unit.bucket.had_grad = set()
+
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Scale the shards' gradients to a global 2-norm of at most max_norm (the norm over every rank's chunks)."""
+        return clip_chunks_(list(self.shards), max_norm)
+
+    def full_value(self, p: torch.Tensor, shard) -> torch.Tensor:
+        """A gathered parameter at the shards' precision: under mixed precision the fp32 master values, gathered."""
+        if shard is None or shard.dtype == p.dtype:
+            return p.detach().clone()
+        full = torch.empty(self.world_size * shard.numel(), dtype=shard.dtype, device=shard.device)
+        all_gather_flat(full, shard.detach())
+        return full[:p.numel()].view(p.shape).clone()
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Every parameter in full by its original name, and the persistent buffers: a collective, every rank gets all."""
+        names = {}
+        for name, p in self.names:
+            names.setdefault(p, []).append(name)  # a tied weight under each of its names, as the plain model's
+        state = {}
+        for unit in self.units:  # one unit full at a time
+            unit.gather()
+            for p, shard in zip(unit.bucket.params, unit.bucket.shards, strict=True):
+                value = self.full_value(p, shard)
+                state.update({name: value for name in names.pop(p)})
+            unit.release()
+        rest = self.module.state_dict()  # what is left: frozen parameters and persistent buffers
+        return {**{k: v.detach().clone() for k, v in rest.items()}, **state}
+
+
+def cast_floats(tree, dtype: torch.dtype | None):
+    """Every floating-point tensor in a nest of lists, tuples and dicts cast to dtype (None: the tree itself)."""
+    if dtype is None:
+        return tree
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t, tree)
+
+
+def units_of(module: nn.Module) -> list[tuple[list[nn.Module], list[torch.Tensor]]]:
+    """Modules with parameters of their own, those that share a parameter merged: (modules, their distinct params)."""
+    groups: list[tuple[list[nn.Module], list[torch.Tensor]]] = []
+    for m in module.modules():
+        own = [p for p in m.parameters(recurse=False) if p.requires_grad]
+        if not own:
+            continue
+        joined = [g for g in groups if any(q is p for p in own for q in g[1])]
+        mods, params = [m], list(own)
+        for g in joined:
+            groups.remove(g)
+            mods, params = g[0] + mods, g[1] + [p for p in params if all(p is not q for q in g[1])]
+        groups.append((mods, params))
+    return groups
+
+
+def hide_parameters(module: nn.Module) -> None:
+    """Turn the trained parameters into plain tensor attributes, so the wrapper's parameters are only its shards."""
+    for m in module.modules():
+        for name, p in list(m._parameters.items()):
+            if p is not None and p.requires_grad:
+                del m._parameters[name]
+                object.__setattr__(m, name, p)

@@ -1,0 +1,168 @@
+"""What this machine can do, and the backend and world size the training job picks (taught in notebook 01's setup cell)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+
+from dp_helpers.tool.checks import UsageError, check_choice
+
+BACKENDS = ("auto", "gloo", "nccl")
+
+
+@dataclass(frozen=True)
+class EnvReport:
+    """A snapshot of the runtime: cores, GPUs, notebook host and the launch choice with its reason."""
+
+    python: str
+    torch: str
+    cpu_cores: int
+    gpu_count: int
+    gpu_names: tuple[str, ...]
+    platform: str
+    cuda_initialized: bool
+    nccl_available: bool
+    backend: str
+    world_size: int
+    reason: str
+
+    def as_dict(self) -> dict:
+        """The report as a plain dict (for JSON)."""
+        return asdict(self)
+
+
+def cpu_cores() -> int:
+    """CPU cores this process may run on (the affinity mask, not the machine's total)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def worker_threads() -> int:
+    """Intra-op threads of every launched CPU worker: OMP_NUM_THREADS when set, else one (taught in notebook 03)."""
+    value = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()  # OpenMP allows "4,2": the outer level
+    return int(value) if value.isdigit() and int(value) > 0 else 1
+
+
+@contextmanager
+def worker_numerics():
+    """Compute this block with the workers' thread count, so a reference in this process sums as a rank does."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(worker_threads())
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def gpu_count() -> int:
+    """Number of visible CUDA GPUs; 0 on CPU builds (does not initialise CUDA)."""
+    if "torch" not in sys.modules and not (shutil.which("nvidia-smi") or os.path.exists("/dev/nvidiactl")):
+        return 0  # no NVIDIA driver: answer without importing torch, so the CLI starts fast
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def gpu_names(count: int) -> tuple[str, ...]:
+    """GPU names from nvidia-smi, so asking never initialises CUDA in this process."""
+    if count == 0:
+        return ()
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        out = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        names = tuple(line.strip() for line in out.stdout.splitlines() if line.strip())
+        if names:
+            return names[:count]
+    return tuple("unknown GPU" for _ in range(count))
+
+
+def detect_platform() -> str:
+    """'colab', 'kaggle' or 'local', from the environment the notebook host sets."""
+    if "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ:
+        return "colab"
+    if any(key.startswith("KAGGLE_KERNEL") for key in os.environ):
+        return "kaggle"
+    return "local"
+
+
+def nccl_available() -> bool:
+    """Whether this torch build ships the NCCL backend (False without GPUs, where it cannot run anyway)."""
+    if gpu_count() == 0:
+        return False
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_nccl_available()
+
+
+def choose_launch(n_gpus: int, has_nccl: bool) -> tuple[str, int, str]:
+    """The backend and world size `train` uses by default, and why."""
+    if n_gpus >= 2 and has_nccl:
+        return "nccl", n_gpus, f"{n_gpus} GPUs and NCCL: one process per GPU on nccl"
+    if n_gpus == 1:
+        return "gloo", 2, "1 GPU: real DDP needs >= 2 GPUs, so 2 CPU processes on gloo"
+    if n_gpus >= 2:
+        return "gloo", 2, "GPUs found but this torch has no NCCL, so 2 CPU processes on gloo"
+    return "gloo", 2, "no GPU: 2 CPU processes on gloo"
+
+
+def resolve_backend(backend: str, world_size: int, n_gpus: int | None = None,
+                    has_nccl: bool | None = None, local_world_size: int | None = None) -> str:
+    """Turn 'auto' into a concrete backend and refuse a combination that cannot run, in one sentence."""
+    check_choice("backend", backend, BACKENDS)
+    n_gpus = gpu_count() if n_gpus is None else n_gpus
+    has_nccl = nccl_available() if has_nccl is None else has_nccl
+    local_world = world_size if local_world_size is None else local_world_size  # processes on this node
+    if backend == "auto":
+        return "nccl" if has_nccl and n_gpus >= max(local_world, 2) else "gloo"
+    if backend == "nccl" and not has_nccl:
+        raise UsageError("backend 'nccl' is not built into this torch (a CPU build?); use backend 'gloo'.")
+    if backend == "nccl" and n_gpus < local_world:
+        raise UsageError(f"backend 'nccl' needs one GPU per process: {local_world} processes per node "
+                         f"but {n_gpus} GPU(s) visible; lower the world size or use backend 'gloo'.")
+    return backend
+
+
+def gpu_device(index: int):
+    """The GPU with this index (the one place the device type is named; everything else asks here)."""
+    import torch
+
+    return torch.device("cuda", index)
+
+
+def device_for(backend: str, local_rank: int):
+    """The device a rank computes on: its own GPU under nccl, the CPU under gloo."""
+    import torch
+
+    return gpu_device(local_rank) if backend == "nccl" else torch.device("cpu")
+
+
+def report() -> EnvReport:
+    """Collect the environment report that `python -m dp_helpers doctor` prints."""
+    import torch
+
+    n_gpus = gpu_count()
+    has_nccl = nccl_available()
+    backend, world_size, reason = choose_launch(n_gpus, has_nccl)
+    return EnvReport(python=sys.version.split()[0], torch=torch.__version__, cpu_cores=cpu_cores(),
+                     gpu_count=n_gpus, gpu_names=gpu_names(n_gpus), platform=detect_platform(),
+                     cuda_initialized=bool(torch.cuda.is_initialized()), nccl_available=has_nccl,
+                     backend=backend, world_size=world_size, reason=reason)
+
+
+def format_report(rep: EnvReport) -> str:
+    """The report as aligned text lines."""
+    gpus = ", ".join(rep.gpu_names) if rep.gpu_names else "none"
+    rows = [("python", rep.python), ("torch", rep.torch), ("cpu cores", rep.cpu_cores),
+            ("gpus", f"{rep.gpu_count} ({gpus})"), ("platform", rep.platform),
+            ("cuda initialised here", rep.cuda_initialized), ("nccl available", rep.nccl_available),
+            ("train would use", f"backend={rep.backend} world_size={rep.world_size}"),
+            ("why", rep.reason)]
+    return "\n".join(f"{name:<22} {value}" for name, value in rows)

@@ -1,0 +1,68 @@
+"""Convenience runners the notebooks and tests use: the training job, and a script that leaves JSON behind."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+from dp_helpers.tool.launch.diagnose import DistributedRunError, RunTimeoutError
+from dp_helpers.tool.launch.process import signals_held
+from dp_helpers.tool.launch.run import RunResult, run_ddp
+
+
+def run_train(world_size: int, echo: bool = False, out_dir=None, timeout: float = 600, max_restarts: int = 0,
+              **changes) -> tuple[RunResult, dict]:
+    """The training job with some TrainConfig fields changed; returns the run and its final (unwrapped) weights."""
+    import torch
+
+    from dp_helpers.tool.config import TrainConfig
+    from dp_helpers.tool.request import check_train_request
+
+    cfg = TrainConfig(**changes)
+    check_train_request(cfg, world_size, max_restarts=max_restarts, out_dir=out_dir)  # one sentence, before any start
+    with ending_recorded(cfg, f"timeout {timeout:g} s" if timeout else ""):
+        run = run_ddp("dp_helpers.scripts.train", *cfg.as_args(), world_size=world_size, echo=echo,
+                      out_dir=out_dir, timeout=timeout, max_restarts=max_restarts)
+    return run, torch.load(run.run_dir / "model.pt", map_location="cpu", weights_only=True)
+
+
+@contextlib.contextmanager
+def ending_recorded(cfg, timeout_reason: str, interrupted=lambda exc: "interrupted"):
+    """Around a train launch: summary.json says how a run that did not finish ended (timed out, failed, interrupted)."""
+    from dp_helpers.tool.runs import checkpoint_lock, file_stamp
+
+    before = file_stamp(cfg.checkpoint)  # a snapshot an earlier run left there is not this run's
+    try:
+        with checkpoint_lock(cfg.checkpoint):  # no two live runs write one snapshot
+            yield
+    except RunTimeoutError as exc:
+        ended(exc, cfg, before, timeout_reason)
+        raise
+    except DistributedRunError as exc:
+        ended(exc, cfg, before, str(exc).splitlines()[0], "failed", failed_ranks=list(exc.ranks))
+        raise
+    except KeyboardInterrupt as exc:  # the launcher put the run folder on it
+        ended(exc, cfg, before, interrupted(exc))
+        raise
+    except OSError as exc:  # the launcher's own writes (console.log): a full disk, say
+        ended(exc, cfg, before, f"{type(exc).__name__}: {exc}", "failed")
+        raise
+
+
+def ended(exc: BaseException, cfg, before, reason: str, status: str = "stopped", **more) -> None:
+    """Record how the run ended and remove what a killed write left half done (a second Ctrl-C waits meanwhile)."""
+    from dp_helpers.tool.files import remove_partials
+    from dp_helpers.tool.runs import record_ending
+
+    run_dir = getattr(exc, "run_dir", None)
+    with signals_held(), contextlib.suppress(OSError):  # a full disk must not hide the error that stopped the run
+        remove_partials(cfg.checkpoint, *((Path(run_dir) / name for name in ("model.pt", "summary.json"))
+                                          if run_dir else ()))
+        record_ending(run_dir, cfg, reason, status, before, **more)
+
+
+def run_json(script: str, name: str, *args, world_size: int = 2, echo: bool = False, **kwargs) -> list:
+    """Run dp_helpers.scripts.<script> and return the per-rank list its rank 0 wrote to <name>.json."""
+    run = run_ddp(f"dp_helpers.scripts.{script}", *args, world_size=world_size, echo=echo, **kwargs)
+    return json.loads((run.run_dir / f"{name}.json").read_text(encoding="utf-8"))
