@@ -17,9 +17,9 @@ from dp_helpers.scratch.collectives.ring import (
     ring_all_reduce,
     ring_bytes,
     ring_schedule,
+    tensor_split_sizes,
 )
 from dp_helpers.scripts import collectives_demo
-from dp_helpers.tool.data import tensor_split_sizes
 from tests.ranks import RankError
 
 

@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from dp_helpers.scratch.dataparallel import scatter_gather as dp
+from dp_helpers.tool.env import gpu_devices
 from dp_helpers.tool.models import build_model
 
 
@@ -146,7 +147,7 @@ def test_training_with_the_four_steps_matches_one_device():
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 1, reason=f"needs a CUDA GPU, found {torch.cuda.device_count()}")
 def test_emulation_matches_the_real_primitives(model):
-    devices = dp.gpu_devices()
+    devices = gpu_devices()
     x = torch.randn(30, 6)
     real = dp.data_parallel(model.to(devices[0]), x.to(devices[0]), devices)
     emulated = dp.data_parallel(model.cpu(), x, dp.cpu_devices(len(devices)))

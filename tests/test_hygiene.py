@@ -102,34 +102,21 @@ print("clean")
     assert proc.stdout.strip() == "clean", proc.stderr
 
 
-def module_name(path: Path) -> str:
-    """dp_helpers/tool/launch/agent.py -> dp_helpers.tool.launch.agent (a package's __init__.py: the package)."""
-    parts = path.relative_to(REPO).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def imported(path: Path, modules: set[str]) -> set[str]:
-    """The package's modules a file imports, at its top or inside a function (a lazy import still ties the two)."""
-    here, found = module_name(path), set()
-    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom):
-            base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1]) if node.level else ""
-            base = ".".join(filter(None, (base, node.module)))
-            found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names}
-        elif isinstance(node, ast.Import):
-            found |= {a.name for a in node.names}
-    return found & modules - {here}
-
-
 def test_the_package_has_no_import_circle():
-    import graphlib
+    from tools.architecture import circles, import_graph
 
-    files = [p for p in (REPO / "dp_helpers").rglob("*.py") if not {"templates", "solutions"} & set(p.parts)]
-    modules = {module_name(p) for p in files}
-    graph = {module_name(p): imported(p, modules) for p in files}
-    assert sum(map(len, graph.values())) > len(files)  # the walk finds the arrows there are
-    try:
-        tuple(graphlib.TopologicalSorter(graph).static_order())
-    except graphlib.CycleError as error:
-        pytest.fail(f"an import circle: {' -> '.join(error.args[1])}")
+    graph = import_graph()
+    assert sum(map(len, graph.values())) > len(graph)  # the walk finds the arrows there are
+    assert not circles(graph), f"import circles: {circles(graph)}"
+
+
+def test_each_part_imports_only_the_parts_below_it():
+    from tools.architecture import import_graph, part_arrows
+
+    assert part_arrows(import_graph()) <= ALLOWED, sorted(part_arrows(import_graph()) - ALLOWED)
+
+
+# scratch/ (what a learner reads) needs torch alone; the tool may draw the ring's schedule (plotting); the course's
+# checkers use all three, their on-rank scripts the experiments' batches; scripts/ sit on top
+ALLOWED = {("tool", "scratch"), ("course", "scratch"), ("course", "tool"), ("course", "scripts"), ("course", "root"),
+           ("scripts", "scratch"), ("scripts", "tool"), ("root", "tool")}

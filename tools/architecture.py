@@ -55,6 +55,17 @@ def import_graph() -> dict[str, set[str]]:
     return {module_name(p): imported(p, modules) for p in files}
 
 
+def part(room: str) -> str:
+    """The part a room belongs to: scratch, course, tool, scripts, or root (the package itself and __main__)."""
+    name = room.split(".")[1] if "." in room else "root"
+    return "root" if name == "__main__" else name
+
+
+def part_arrows(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """(importing part, imported part) for every arrow between two parts."""
+    return {(part(m), part(d)) for m, deps in graph.items() for d in deps if part(m) != part(d)}
+
+
 def reach(graph: dict[str, set[str]], start: str) -> set[str]:
     """Every room an import path from start leads to."""
     seen, todo = set(), [start]

@@ -11,14 +11,11 @@ import torch
 import torch.distributed as dist
 
 from dp_helpers.scratch.collectives.ring import ring_all_reduce
-from dp_helpers.scratch.dataparallel.scatter_gather import (
-    DataParallelModule,
-    cpu_devices,
-    gpu_devices,
-)
+from dp_helpers.scratch.dataparallel.scatter_gather import DataParallelModule, cpu_devices
 from dp_helpers.scripts.train import LOCAL, comm_totals, local_optimizer, register_comm
 from dp_helpers.tool import dist as dph
 from dp_helpers.tool.config import TrainConfig
+from dp_helpers.tool.env import gpu_devices
 from dp_helpers.tool.models import MLP
 from dp_helpers.tool.training import (
     PRECISIONS,

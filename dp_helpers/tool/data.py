@@ -50,11 +50,6 @@ def chunk_sizes(rows: int, n_devices: int) -> list[int]:
     return [len(c) for c in torch.arange(rows).chunk(n_devices)]
 
 
-def tensor_split_sizes(rows: int, n_devices: int) -> list[int]:
-    """Rows per device under torch.tensor_split: always n pieces, sizes differing by at most one."""
-    return [len(c) for c in torch.arange(rows).tensor_split(n_devices)]
-
-
 def sampler_indices(samples: int, world_size: int, epoch: int = 0, seed: int = 0, shuffle: bool = True,
                     drop_last: bool = False, set_epoch: bool = True) -> list[list[int]]:
     """The sample indices DistributedSampler gives each rank in one epoch (no process group needed)."""

@@ -137,6 +137,11 @@ def gpu_device(index: int):
     return torch.device("cuda", index)
 
 
+def gpu_devices() -> list:
+    """Every visible CUDA GPU, as nn.DataParallel would use them (empty on a CPU machine)."""
+    return [gpu_device(i) for i in range(gpu_count())]
+
+
 def device_for(backend: str, local_rank: int):
     """The device a rank computes on: its own GPU under nccl, the CPU under gloo."""
     import torch

@@ -14,7 +14,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from dp_helpers.tool.data import tensor_split_sizes
+
+def tensor_split_sizes(rows: int, n_devices: int) -> list[int]:
+    """Rows per device under torch.tensor_split: always n pieces, sizes differing by at most one."""
+    return [len(c) for c in torch.arange(rows).tensor_split(n_devices)]
 
 
 @dataclass(frozen=True)

@@ -16,20 +16,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from dp_helpers.tool.checks import UsageError, check_int
-from dp_helpers.tool.env import gpu_device
-from dp_helpers.tool.training import bce_loss
-
 
 def cpu_devices(n: int) -> list[torch.device]:
-    """n emulated devices: every replica runs on the CPU, in its own thread."""
-    check_int("the number of devices", n, 1)
+    """n emulated devices: every replica runs on the CPU, in its own thread (real GPUs: tool.env.gpu_devices())."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"the number of devices must be >= 1, got {n!r}.")
     return [torch.device("cpu")] * n
-
-
-def gpu_devices() -> list[torch.device]:
-    """Every visible CUDA GPU, as DataParallel would use them (empty on a CPU machine)."""
-    return [gpu_device(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
 
 
 def is_real(devices) -> bool:
@@ -173,7 +165,7 @@ def gather(outputs: list, output_device, dim: int = 0):
 def data_parallel(module: nn.Module, inputs, devices, output_device=None, dim: int = 0, **kwargs):
     """DataParallel's forward written out: scatter, replicate onto as many devices as pieces, apply, gather."""
     if not devices:
-        raise UsageError("data_parallel needs at least one device.")
+        raise ValueError("data_parallel needs at least one device.")
     output_device = devices[0] if output_device is None else output_device
     inputs = inputs if isinstance(inputs, tuple) else (inputs,)
     pieces, kw_pieces = scatter_kwargs(inputs, kwargs, devices, dim)
@@ -188,7 +180,7 @@ class DataParallelModule(nn.Module):
     def __init__(self, module: nn.Module, devices):
         super().__init__()
         if not devices:
-            raise UsageError("DataParallelModule needs at least one device.")
+            raise ValueError("DataParallelModule needs at least one device.")
         self.module, self.devices = module, list(devices)
 
     def forward(self, *inputs, **kwargs):
@@ -206,7 +198,7 @@ class LossInForward(nn.Module):
     def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The sum (not the mean) of the losses, shape (1,), so shards of any size add up to the batch's total."""
         out = self.model(inputs)
-        return bce_loss(out, targets, reduction="sum").reshape(1)
+        return nn.functional.binary_cross_entropy(out, targets.reshape(out.shape), reduction="sum").reshape(1)
 
 
 def tensor_bytes(obj: Any) -> int:
