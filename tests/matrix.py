@@ -185,7 +185,7 @@ def zero(stage: int):
     """Our ZeRO-1 or -2 (ZeroOptimizer) on the plain model."""
     def build(case: Case, m: nn.Module) -> Parts:
         from dp_helpers.scratch.ddp.mini_ddp import broadcast_state
-        from dp_helpers.scratch.sharding.zero_optim import ZeroOptimizer
+        from dp_helpers.scratch.sharding.zero import ZeroOptimizer
 
         broadcast_state(m)  # buffers too (these models have none; the optimizer broadcasts the parameters)
         cls, kwargs = case.optimizer
@@ -207,7 +207,7 @@ def torch_zero(case: Case, m: nn.Module) -> Parts:
 
 def fsdp2(case: Case, m: nn.Module) -> Parts:
     """torch's fully_shard on every module with parameters, then the root."""
-    from dp_helpers.scratch.sharding.zero import fully_sharded
+    from dp_helpers.scratch.sharding.fsdp import fully_sharded
 
     sharded = fully_sharded(m)
     if case.some_ranks:  # zeros for what a rank did not use: without it the ranks' reduce-scatters mismatch

@@ -91,7 +91,7 @@ def test_orphaned_worker_exits(tmp_path):
      "ValueError: boom"),  # with a DDP model alive: exit code 1, never an abort at shutdown
 ])
 def test_worker_runs_main_alone_and_passes_failures_on(body, code, words, tmp_path):
-    script = (f"from dp_helpers import dist as dph\ndef main(info):\n    {body}\n"
+    script = (f"from dp_helpers.tool import dist as dph\ndef main(info):\n    {body}\n"
               f"dph.worker(main, backend='gloo', run_dir={str(tmp_path / 'mine')!r})\nprint('never')")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
                           env={k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")})

@@ -1,4 +1,4 @@
-"""dp_helpers.scratch.sharding.zero_optim.ZeroOptimizer: torch's optimizer interface over ZeRO-1/2, against one process (rank pools)."""
+"""dp_helpers.scratch.sharding.zero.ZeroOptimizer: torch's optimizer interface over ZeRO-1/2, against one process (rank pools)."""
 
 import pytest
 import torch
@@ -45,7 +45,7 @@ def run(m, opt, batches, rank: int, world: int, clip: float | None = None) -> li
 
 def make(m, name: str, zero: bool, stage: int = 1):
     """The optimizer named, over two groups (the biases' rate doubled), plain or sharded."""
-    from dp_helpers.scratch.sharding.zero_optim import ZeroOptimizer
+    from dp_helpers.scratch.sharding.zero import ZeroOptimizer
 
     cls, kwargs = OPTIMIZERS[name]
     param_groups = groups(m)
@@ -113,7 +113,7 @@ def test_a_plain_optimizers_state_dict_loads_and_training_continues_alike(pools)
 
 def stage_two_timing(info) -> dict:
     """When stage 2's reduce-scatters start: how many buckets were launched before the backward's end."""
-    from dp_helpers.scratch.sharding.zero_optim import ZeroOptimizer
+    from dp_helpers.scratch.sharding.zero import ZeroOptimizer
 
     m = model(seed=0)
     opt = ZeroOptimizer(m.parameters(), torch.optim.SGD, stage=2, bucket_cap_mb=0.001, lr=0.1)
@@ -135,7 +135,7 @@ def refused(info) -> str:
     """ZeroOptimizer over a DDP model's parameters."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from dp_helpers.scratch.sharding.zero_optim import ZeroOptimizer
+    from dp_helpers.scratch.sharding.zero import ZeroOptimizer
 
     wrapped = DDP(model(seed=0))
     try:
@@ -152,7 +152,7 @@ def test_a_ddp_model_is_refused(pools):
 
 def rebuilt_and_zeroed(info) -> dict:
     """A second stage-2 ZeroOptimizer over the same model (a notebook cell run twice), and zero_grad(set_to_none=False)."""
-    from dp_helpers.scratch.sharding.zero_optim import ZeroOptimizer
+    from dp_helpers.scratch.sharding.zero import ZeroOptimizer
 
     m = model(seed=0)
     ZeroOptimizer(m.parameters(), torch.optim.SGD, stage=2, lr=0.1)  # its hooks must not outlive the next one's

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from dp_helpers.scratch.sharding import zero
+from dp_helpers.scratch.sharding import fsdp
 from dp_helpers.tool import dist as dph
 
 GLOBAL_BATCH, STEPS, SHARD = 12, 4, 2  # 12 rows split evenly over 1, 2, 3 and 4 ranks
@@ -64,7 +64,7 @@ def hsdp(info, _args=None) -> dict:
     m = model()
     ours = HybridZeroAdam(m, shard_size=SHARD, lr=0.05)
     train(m, ours, info.rank, info.world_size)
-    t = zero.fully_sharded(model(), SHARD)  # fully_shard on a (replicate W/2, shard 2) mesh: torch's HSDP
+    t = fsdp.fully_sharded(model(), SHARD)  # fully_shard on a (replicate W/2, shard 2) mesh: torch's HSDP
     mesh = t[0].weight.device_mesh
     train(t, torch.optim.Adam(t.parameters(), lr=0.05), info.rank, info.world_size)
     return {"ours": full(m.state_dict()), "torch": full(t.state_dict()), "sent": ours.sent, "chunk": ours.shard.numel(),
@@ -81,7 +81,7 @@ def wrapped(kind: str, world: int) -> nn.Module:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         return DDP(model())
-    return zero.fully_sharded(model())
+    return fsdp.fully_sharded(model())
 
 
 def first_half(info, kind: str, folder: str) -> None:

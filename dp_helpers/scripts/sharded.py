@@ -14,7 +14,8 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from dp_helpers.scratch.sharding import zero
+from dp_helpers.scratch.sharding import fsdp, zero, zero3
+from dp_helpers.scratch.sharding.memory import held_bytes, local
 from dp_helpers.scripts.from_scratch import batch, global_batch
 from dp_helpers.scripts.train import counting_hook
 from dp_helpers.tool import dist as dph
@@ -35,7 +36,7 @@ def mlp(seed: int, width: int = 32, depth: int = 3) -> nn.Module:
 
 
 class Plain:
-    """DDP or a torch optimizer wrapper: the common face of every strategy (step, zero_grad, held, full weights)."""
+    """A model and its optimizer: the common face of every strategy (step, zero_grad, sent, full weights)."""
 
     def __init__(self, model: nn.Module, opt):
         self.model, self.opt, self.comm = model, opt, {"allreduces": 0, "bytes": 0}
@@ -44,8 +45,10 @@ class Plain:
 
     @property
     def sent(self) -> dict:
-        """Bytes handed to all_reduce so far (DDP's buckets; FSDP2's collectives are not counted here)."""
-        return {"all_reduce": self.comm["bytes"]} if isinstance(self.model, DDP) else {}
+        """Bytes handed to each collective so far (DDP's buckets, Zero3Module's; FSDP2's are not counted here)."""
+        if isinstance(self.model, DDP):
+            return {"all_reduce": self.comm["bytes"]}
+        return dict(getattr(self.model, "sent", {}))
 
     def step(self) -> None:
         """The optimizer step."""
@@ -55,13 +58,10 @@ class Plain:
         """Forget the gradients."""
         self.opt.zero_grad()
 
-    def held(self) -> dict:
-        """Bytes this rank holds."""
-        params = list(self.model.parameters())
-        return zero.held_bytes(params, [p.grad for p in params], getattr(self.opt, "optim", self.opt))
-
     def full_weights(self) -> list[torch.Tensor]:
-        """Every parameter in full (a collective for DTensors)."""
+        """Every parameter in full (a collective for DTensors and for Zero3Module's pieces)."""
+        if hasattr(self.model, "full_state_dict"):
+            return list(self.model.full_state_dict().values())
         return [p.full_tensor() if hasattr(p, "full_tensor") else p.detach() for p in self.model.parameters()]
 
 
@@ -79,17 +79,32 @@ def torch_zero(model: nn.Module, **adam) -> Plain:
     return Plain(wrapped, ZeroRedundancyOptimizer(wrapped.parameters(), optimizer_class=torch.optim.Adam, **adam))
 
 
+def zero_3(model: nn.Module, **adam) -> Plain:
+    """Our ZeRO-3 (Zero3Module) and Adam over this rank's pieces."""
+    sharded = zero3.Zero3Module(model)
+    return Plain(sharded, torch.optim.Adam(sharded.parameters(), **adam))
+
+
 def fsdp2(model: nn.Module, **adam) -> Plain:
     """torch's fully_shard (FSDP2) and Adam."""
-    sharded = zero.fully_sharded(model)
+    sharded = fsdp.fully_sharded(model)
     return Plain(sharded, torch.optim.Adam(sharded.parameters(), **adam))
 
 
 STRATEGIES = {"DDP": ddp, "ZeRO-1": lambda m, **adam: zero.ZeroAdam(m, stage=1, **adam),
-              "ZeRO-2": lambda m, **adam: zero.ZeroAdam(m, stage=2, **adam), "ZeRO-3": zero.Zero3,
+              "ZeRO-2": lambda m, **adam: zero.ZeroAdam(m, stage=2, **adam), "ZeRO-3": zero_3,
               "ZeroRedundancyOptimizer": torch_zero, "fully_shard": fsdp2}
 # weight decay makes the update depend on the gradient's scale (Adam alone would not notice a missing / world_size)
 ADAM = {"lr": 0.01, "weight_decay": 0.1}
+
+
+def held(strategy) -> dict:
+    """Bytes this rank holds under a strategy: the model's parameters and gradients, and the optimizer's state."""
+    if isinstance(strategy, zero.ZeroAdam):  # the flat chunk's gradient is where the reduced gradient lives
+        params = strategy.params
+        return held_bytes(params, [p.grad for p in params] + [strategy.shard.grad], strategy.adam)
+    params = list(strategy.model.parameters())
+    return held_bytes(params, [p.grad for p in params], getattr(strategy.opt, "optim", strategy.opt))
 
 
 def train(strategy, info: dph.DistInfo, steps: int) -> list[float]:
@@ -121,8 +136,8 @@ def memory(info: dph.DistInfo, args) -> dict:
     for name in args.strategies or list(STRATEGIES):
         strategy = STRATEGIES[name](mlp(seed=0, width=args.width, depth=args.depth), **ADAM)
         seconds = train(strategy, info, args.steps)
-        grads = [zero.local(p.grad) for p in strategy.model.parameters() if p.grad is not None]
-        out[name] = {"held": strategy.held(), "sent_per_step": {k: v // args.steps for k, v in strategy.sent.items()},
+        grads = [local(p.grad) for p in strategy.model.parameters() if p.grad is not None]
+        out[name] = {"held": held(strategy), "sent_per_step": {k: v // args.steps for k, v in strategy.sent.items()},
                      "seconds": statistics.median(seconds[1:]),
                      "gradient storages": len({g.untyped_storage().data_ptr() for g in grads})}
     return out
@@ -130,7 +145,7 @@ def memory(info: dph.DistInfo, args) -> dict:
 
 def dtensors(info: dph.DistInfo, args) -> list[dict]:
     """What fully_shard made of each parameter on this rank: a DTensor, its placement, global and local shapes."""
-    model = zero.fully_sharded(mlp(seed=0))
+    model = fsdp.fully_sharded(mlp(seed=0))
     return [{"name": name, "type": type(p).__name__, "placements": str(p.placements), "global": list(p.shape),
              "local": list(p.to_local().shape), "stored rows": p.to_local().untyped_storage().nbytes() // 4
              // max(1, p.shape[1:].numel())} for name, p in model.named_parameters()]

@@ -36,7 +36,7 @@ def build(name: str, width: int, depth: int):
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     from dp_helpers.scratch.ddp import mini_ddp
-    from dp_helpers.scratch.sharding import zero, zero3, zero_optim
+    from dp_helpers.scratch.sharding import fsdp, zero, zero3
 
     m = mlp(width, depth)
     if name == "DDP":
@@ -46,11 +46,11 @@ def build(name: str, width: int, depth: int):
     if name == "ZeroRedundancyOptimizer":
         return (w := DDP(m)), ZeroRedundancyOptimizer(w.parameters(), optimizer_class=torch.optim.Adam, lr=1e-3)
     if name in ("ZeRO-1 (ours)", "ZeRO-2 (ours)"):
-        return m, zero_optim.ZeroOptimizer(m.parameters(), torch.optim.Adam, stage=int(name[5]), lr=1e-3)
+        return m, zero.ZeroOptimizer(m.parameters(), torch.optim.Adam, stage=int(name[5]), lr=1e-3)
     if name == "ZeRO-3 (ours)":
         return (w := zero3.Zero3Module(m)), torch.optim.Adam(w.parameters(), lr=1e-3)
     if name == "fully_shard":
-        return (w := zero.fully_sharded(m)), torch.optim.Adam(w.parameters(), lr=1e-3)
+        return (w := fsdp.fully_sharded(m)), torch.optim.Adam(w.parameters(), lr=1e-3)
     raise ValueError(f"unknown strategy {name!r}")
 
 

@@ -33,9 +33,9 @@ from dp_helpers.scratch.collectives.ring import (
 from dp_helpers.scratch.communicating_less.compression import PowerSGD
 from dp_helpers.scratch.communicating_less.local_sgd import DiLoCo, LocalSGD
 from dp_helpers.scratch.ddp.mini_ddp import broadcast_state
-from dp_helpers.scratch.sharding import zero
+from dp_helpers.scratch.sharding import fsdp, memory
+from dp_helpers.scratch.sharding.zero import ZeroOptimizer
 from dp_helpers.scratch.sharding.zero3 import Zero3Module
-from dp_helpers.scratch.sharding.zero_optim import ZeroOptimizer
 from dp_helpers.tool import dist as dph
 from dp_helpers.tool.config import (
     POWERSGD_START,
@@ -137,7 +137,7 @@ def prepare_model(cfg: TrainConfig, info: dph.DistInfo):
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = model.to(info.device)
     if cfg.strategy in ("fsdp", "hsdp"):  # hsdp: sharded within groups of --shard-size, replicated across them
-        return zero.fully_sharded(model, cfg.shard_size if cfg.strategy == "hsdp" else None)
+        return fsdp.fully_sharded(model, cfg.shard_size if cfg.strategy == "hsdp" else None)
     if cfg.strategy == "zero3":  # the course's ZeRO-3: its parameters are this rank's shards
         return Zero3Module(model)
     # zero2 reduces the gradients itself, without DDP; local SGD and DiLoCo average the parameters instead
@@ -309,7 +309,7 @@ def held_per_rank(model, optimizer, info: dph.DistInfo) -> list[dict]:
     # ZeroRedundancyOptimizer keeps the real optimizer in .optim, ZeroOptimizer in .inner (over its shards)
     inner = getattr(optimizer, "optim", None) or getattr(optimizer, "inner", None) or optimizer
     params = list(model.parameters()) + list(getattr(optimizer, "shard_of", {}).values())  # zero2: + its shards
-    mine = zero.held_bytes(params, [p.grad for p in params], inner)
+    mine = memory.held_bytes(params, [p.grad for p in params], inner)
     table = [None] * info.world_size
     dist.all_gather_object(table, mine)
     return table

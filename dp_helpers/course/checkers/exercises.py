@@ -33,7 +33,8 @@ from dp_helpers.scratch.collectives.ring import (
 from dp_helpers.scratch.communicating_less import compression
 from dp_helpers.scratch.dataparallel.scatter_gather import replication_bytes
 from dp_helpers.scratch.ddp.mini_ddp import assign_buckets
-from dp_helpers.scratch.sharding.zero import Flat, zero_bytes
+from dp_helpers.scratch.sharding.memory import zero_bytes
+from dp_helpers.scratch.sharding.zero import Flat
 from dp_helpers.tool.checks import UsageError
 from dp_helpers.tool.config import shard_plan
 from dp_helpers.tool.data import chunk_sizes, sampler_indices

@@ -6,10 +6,10 @@ reduce-scatter the gradients within the shard group (S ranks), all-reduce the ch
 step the chunk, all-gather it within the shard group. The traffic that crosses groups — often machines — is one
 chunk, 1/S of the gradients. The layout is the one torch's `init_device_mesh(device, (R, S), mesh_dim_names=
 ("replicate", "shard"))` builds, and `fully_shard(model, mesh=mesh)` on that mesh is torch's HSDP.
-`HybridZeroAdam` supports any model whose trained parameters share one dtype and device (an unused parameter sends
-zeros), with Adam's keyword arguments; it refuses a shard size that does not divide the world size and parameters
-of mixed dtypes or devices (one flat buffer). Adam only: no other optimizer, no clipping, no accumulation switch.
-Notebook 10 teaches it.
+`HybridZeroAdam` is zero.py's ZeroAdam at stage 2 with its collectives inside the shard group and one all-reduce
+added: it supports what ZeroAdam does (any model whose trained parameters share one dtype and device; an unused
+parameter sends zeros; Adam's keyword arguments) and refuses a shard size that does not divide the world size. Adam
+only: no other optimizer, no clipping, no accumulation switch. Notebook 10 teaches it.
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dp_helpers.scratch.ddp.mini_ddp import broadcast_state
-from dp_helpers.scratch.sharding.zero import Flat, all_gather_flat, reduce_scatter_flat
+from dp_helpers.scratch.sharding.zero import ZeroAdam
 
 
 def hybrid_groups(shard_size: int) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
@@ -39,40 +38,17 @@ def hybrid_groups(shard_size: int) -> tuple[dist.ProcessGroup, dist.ProcessGroup
     return mine["shard"], mine["replicate"]
 
 
-class HybridZeroAdam:
-    """ZeRO-2 within each shard group, all-reduce across replicas: Adam's state and the update for 1/S per rank."""
+class HybridZeroAdam(ZeroAdam):
+    """ZeroAdam's stage 2 within each shard group, plus an all-reduce of the chunk across the replicas."""
 
     def __init__(self, model: nn.Module, shard_size: int, **adam):
-        broadcast_state(model)
         self.shard_group, self.replicate_group = hybrid_groups(shard_size)
-        self.shard_size, self.shard_rank = shard_size, dist.get_rank(self.shard_group)
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.flat = Flat([p.detach() for p in self.params], shard_size)  # padded to S chunks
-        for p, view in zip(self.params, self.flat.views, strict=True):
-            p.data = view
-        self.shard = nn.Parameter(self.flat.chunk(self.shard_rank))
-        self.adam = torch.optim.Adam([self.shard], **adam)
-        self.sent = {"reduce_scatter": 0, "all_reduce": 0, "all_gather": 0}  # bytes handed to each collective
+        super().__init__(model, stage=2, group=self.shard_group, **adam)  # a Flat of S chunks: one per group rank
+        self.shard_size, self.shard_rank = shard_size, self.rank
+        self.sent["all_reduce"] = 0
 
-    def step(self) -> None:
-        """Reduce-scatter within the group, all-reduce the chunk across replicas, step it, all-gather the group."""
-        full = torch.zeros_like(self.flat.buffer)
-        for p, view in zip(self.params, self.flat.views_of(full), strict=True):
-            if p.grad is not None:
-                view.copy_(p.grad)
-            p.grad = None  # stage 2: only this rank's chunk of the gradient is kept
-        self.shard.grad = torch.empty_like(self.shard)
-        reduce_scatter_flat(self.shard.grad, full, group=self.shard_group)  # the sum over this group's S ranks
-        dist.all_reduce(self.shard.grad, group=self.replicate_group)  # and over the R groups: over all W ranks
-        self.shard.grad.div_(dist.get_world_size())
-        self.adam.step()
-        all_gather_flat(self.flat.buffer, self.shard.detach().clone(), group=self.shard_group)
-        nbytes = self.flat.buffer.numel() * self.flat.buffer.element_size()
-        self.sent["reduce_scatter"] += nbytes
-        self.sent["all_reduce"] += nbytes // self.shard_size
-        self.sent["all_gather"] += nbytes
-
-    def zero_grad(self) -> None:
-        """Forget the gradients."""
-        for p in self.params:
-            p.grad = None
+    def average(self, summed: torch.Tensor) -> torch.Tensor:
+        """The sum over this group's S ranks, all-reduced over the R groups: over all W ranks, then the mean."""
+        dist.all_reduce(summed, group=self.replicate_group)
+        self.sent["all_reduce"] += summed.numel() * summed.element_size()
+        return summed.div_(dist.get_world_size())

@@ -1,29 +1,30 @@
-"""ZeRO-3 as a module wrapper: `model = Zero3Module(model)`, then any torch optimizer over `model.parameters()`.
+"""ZeRO stage 3 from scratch, built on zero.py's Bucket: `model = Zero3Module(model)`, then any elementwise optimizer.
 
-nn.Module in, nn.Module out, as torch's `fully_shard`: the wrapper's parameters are this rank's shards, a chunk
-of every parameter (rank-major buckets, as `zero_optim`), and the user's own optimizer steps them. Each module
-that owns parameters is a unit (modules that share a parameter form one unit, as `fully_shard([a, b])` asks):
+nn.Module in, nn.Module out, as torch's `fully_shard`. Each module that owns parameters is a unit (modules that share a
+parameter form one unit, as `fully_shard([a, b])` asks): its parameters are views of one `Flat` buffer that exists only
+while needed, and this rank keeps its chunk of it (the fp32 master values) as the pieces that `parameters()` returns,
+one per parameter with values in the chunk, for the user's own optimizer. The schedule, step by step:
 
-- before a unit's forward its full parameters are all-gathered, and the next unit's gather is started
-  (prefetched) in the order the first forward ran; after the forward they are freed (storage resized to 0);
-- before the unit's backward they are gathered again (the previous unit prefetched); once its backward is over
-  (the gradient has reached the module's inputs: FSDP2's post-backward, the same moment on every rank) the unit is
-  reduce-scattered while the backward goes on, a parameter this rank did not use adding zeros;
-- at the end of the backward the units whose inputs needed no gradient (the first) are reduced too, and a
-  parameter no rank had a gradient for keeps `.grad = None` on its shard, so the optimizer skips it as it would in
-  one process (every rank must still run the same units: a unit used on some ranks only would leave their
-  all-gathers unmatched);
-- the shards are 1-D chunks, so the optimizer must update each element on its own (SGD, Adam, AdamW, ...: those
-  in `zero_optim.ELEMENTWISE`); an optimizer that is not (Adafactor, Muon, LBFGS) is refused at its first step;
-- clip with `model.clip_grad_norm_` (the norm over every rank's chunks; torch.nn.utils' would see one rank's);
-- `full_state_dict()` gathers every weight by its original name: a state dict the plain model loads.
-Every rank must run the same units in its forward (as with FSDP). Outside a unit's forward its parameters are freed
-(reading `model.module.fc.weight` then fails, as FSDP2 leaves DTensor shards there): use `full_state_dict()`. Under
-a `GradScaler`, use torch's `ShardedGradScaler`, which agrees on infs across ranks (each rank sees its own chunks).
-A module is wrapped once. It runs inside a process group. Notebook 08
-teaches ZeRO-3 with `zero.Zero3`, the same gather-free-reduce schedule without prefetching, around Adam alone.
+1. before a unit's forward its buffer's storage is refilled and all-gathered (`Unit.gather`); after the forward it is
+   freed again (the storage resized to 0 bytes: autograd's saved references to the parameters see it refilled);
+2. before the unit's backward it is gathered again; once its backward is over (the gradient has reached the module's
+   inputs: FSDP2's post-backward, the same moment on every rank) its gradients are reduce-scattered into this rank's
+   pieces, a parameter this rank did not use adding zeros; at the end of the backward the units whose inputs needed
+   no gradient (the first) are reduced too, and a parameter no rank had a gradient for keeps `.grad = None` on its
+   pieces, so the optimizer skips it as it would in one process;
+3. what makes it fast: the next unit's all-gather starts (is prefetched) while the current one computes, in the
+   order the first forward ran (backwards during the backward), and each reduce-scatter runs while the backward goes
+   on (`async_op=True`, waited for one unit later);
+4. mixed precision (`MixedPrecision`): gathered and computed in param_dtype, reduced in reduce_dtype, the pieces
+   and their updates in the parameters' own dtype (fp32 master weights).
+Every rank must run the same units in its forward (as with FSDP: a unit used on some ranks only would leave their
+all-gathers unmatched). The pieces are 1-D, so the optimizer must update each element on its own (`zero.ELEMENTWISE`);
+an optimizer that is not (Adafactor, Muon, LBFGS) is refused at its first step. Clip with `model.clip_grad_norm_` (the
+norm over every rank's pieces); `full_state_dict()` gathers every weight by its original name, a state dict the plain
+model loads. Outside a unit's forward its parameters are freed (reading `model.module.fc.weight` then fails, as FSDP2
+leaves DTensor shards there). Under a `GradScaler`, use torch's `ShardedGradScaler`, which agrees on infs across
+ranks. A module is wrapped once. It runs inside a process group. Taught in notebook 08.
 """
-
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,12 +33,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.utils._pytree import tree_leaves
 
 from dp_helpers.scratch.ddp.mini_ddp import broadcast_state, engine_callback, let_go
-from dp_helpers.scratch.sharding.zero import all_gather_flat, needing_grad
-from dp_helpers.scratch.sharding.zero_optim import (
+from dp_helpers.scratch.sharding.zero import (
     Bucket,
-    clip_chunks_,
+    all_gather_flat,
+    clip_pieces_,
     refuse_not_elementwise,
     used_anywhere,
 )
@@ -52,7 +54,7 @@ def check_optimizers() -> None:
 
 
 def refuse_on_shards(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
-    """The step pre-hook: an optimizer over Zero3Module shards must be elementwise (zero_optim.ELEMENTWISE)."""
+    """The step pre-hook: an optimizer over Zero3Module pieces must be elementwise (zero.ELEMENTWISE)."""
     if any(getattr(p, "_zero3_shard", False) for group in optimizer.param_groups for p in group["params"]):
         refuse_not_elementwise(type(optimizer), "Zero3Module")
 
@@ -66,51 +68,62 @@ class MixedPrecision:
     output_dtype: torch.dtype | None = None  # the forward's floating outputs cast to it (None: left as computed)
 
 
+def needing_grad(tree) -> list[torch.Tensor]:
+    """The tensors in a nest of lists, tuples and dicts (a module's inputs or outputs) that take part in autograd."""
+    return [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
+def free(buffer: torch.Tensor) -> None:
+    """Release a buffer's memory but keep its storage object, so views and autograd's saved tensors can see it refilled."""
+    buffer.untyped_storage().resize_(0)
+
+
 class Unit:
-    """One or more modules' own parameters: full only between a gather and the next free, this rank's shards kept."""
+    """One or more modules' own parameters, views of one Flat buffer: full only between a gather and the next free."""
 
     def __init__(self, modules: list[nn.Module], params: list[torch.Tensor], rank: int, world_size: int,
                  mp: MixedPrecision):
-        self.modules, self.bucket, self.work = modules, Bucket(params, rank, world_size), None
-        dtype = mp.param_dtype or params[0].dtype
+        self.modules, self.work = modules, None
+        self.bucket = Bucket(params, rank, world_size, own_shard=True)  # this rank's chunk: the fp32 master values
+        flat, dtype = self.bucket.flat, mp.param_dtype or params[0].dtype
         self.bucket.grad_dtype = mp.reduce_dtype or dtype
-        for p in params:
-            p.data = p.data.to(dtype)  # the module computes in param_dtype; the fp32 values live on in the shards
-        self.gathered = torch.empty(self.bucket.buffer.numel(), dtype=dtype, device=self.bucket.buffer.device)
-        self.nbytes = [p.untyped_storage().nbytes() for p in params] + [self.gathered.untyped_storage().nbytes()]
-        self.full = True  # as built; release() frees them until the first forward
+        if flat.buffer.dtype != dtype:  # the gathered parameters live in param_dtype; the pieces stay as they were
+            flat.buffer = flat.buffer.to(dtype)
+            flat.views = flat.views_of(flat.buffer)
+        for p, view in zip(params, flat.views, strict=True):
+            p.data = view  # the module computes with the buffer's values, whenever they are there
+        self.nbytes = flat.buffer.untyped_storage().nbytes()
+        self.full = True  # as built; released until the first forward
         self.release()
 
-    def storages(self) -> list:
-        """The parameters' storages and the gather buffer's: what exists only while the unit is gathered."""
-        return [p.untyped_storage() for p in self.bucket.params] + [self.gathered.untyped_storage()]
-
     def start_gather(self) -> None:
-        """Refill the storages and start the all-gather of every rank's chunks (no-op if under way or done)."""
+        """Refill the buffer's storage and start the all-gather of every rank's chunk (no-op if under way or done)."""
         if self.full or self.work is not None:
             return
-        for storage, nbytes in zip(self.storages(), self.nbytes, strict=True):
-            storage.resize_(nbytes)
-        mine = torch.cat([s.detach() for s in self.bucket.shards]).to(self.gathered.dtype)  # sent in param_dtype
-        self.work = all_gather_flat(self.gathered, mine, async_op=True)
+        self.bucket.flat.buffer.untyped_storage().resize_(self.nbytes)
+        self.work = self.bucket.gather(async_op=True)  # sent in param_dtype
 
     def gather(self) -> None:
-        """The full parameters, now: wait for the all-gather (starting it if needed) and copy them out."""
+        """The full parameters, now: wait for the all-gather (starting it if needed); the module computes with them."""
         self.start_gather()
         if self.work is not None:
             self.work.wait()
-            for p, value in zip(self.bucket.params, self.bucket.unlayout(self.gathered), strict=True):
-                p.data.copy_(value)  # through .data: autograd's saved references see the values, not a new version
+            for p, view in zip(self.bucket.params, self.bucket.flat.views, strict=True):
+                p.data = view  # a parameter released to an empty tensor reads the buffer again
             self.work, self.full = None, True
-            self.gathered.untyped_storage().resize_(0)  # the parameters hold the values now
 
-    def release(self) -> None:
-        """Free the full parameters (autograd's saved references see them refilled by the next gather)."""
+    def free(self) -> None:
+        """Free the full parameters between a forward and its backward (views of a storage the next gather refills)."""
         if self.work is not None:
             self.gather()  # a prefetch under way must land before its storage goes
-        for storage in self.storages():
-            storage.resize_(0)
+        free(self.bucket.flat.buffer)
         self.full = False
+
+    def release(self) -> None:
+        """Free the full parameters for good: until the next gather they are empty tensors (printing them is safe)."""
+        self.free()
+        for p in self.bucket.params:
+            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
 
 
 class Zero3Module(nn.Module):
@@ -125,9 +138,9 @@ class Zero3Module(nn.Module):
         self.names = [(name, p) for name, p in module.named_parameters(remove_duplicate=False)]
         self.units = [Unit(mods, params, self.rank, self.world_size, self.mp) for mods, params in units_of(module)]
         self.unit_of = {p: u for u in self.units for p in u.bucket.params}
-        self.shards = nn.ParameterList([s for u in self.units for s in u.bucket.shards])
-        for shard in self.shards:
-            shard._zero3_shard = True  # what refuse_on_shards looks for
+        self.pieces = nn.ParameterList([piece for u in self.units for piece, _, _ in u.bucket.pieces.values()])
+        for piece in self.pieces:
+            piece._zero3_shard = True  # what refuse_on_shards looks for
         check_optimizers()
         hide_parameters(module)  # the wrapper's parameters are the shards alone
         object.__setattr__(module, "_zero3_wrapped", True)
@@ -167,10 +180,12 @@ class Zero3Module(nn.Module):
 
     def after_forward(self, unit: Unit, out) -> None:
         """Free the unit; gather it again (prefetching the previous one) just before its backward needs it."""
-        unit.release()
         needed = needing_grad(out)
-        if needed:
-            self.waiting.append(unit)  # its gradients are to be reduced, at its post-backward or the backward's end
+        if not needed:  # no backward will come (no_grad, eval): nothing keeps the parameters
+            unit.release()
+            return
+        unit.free()  # the parameters stay views of the empty storage: autograd saved them
+        self.waiting.append(unit)  # its gradients are to be reduced, at its post-backward or the backward's end
         for t in needed:
             t.register_hook(lambda grad, u=unit: self.before_backward(u))
 
@@ -178,7 +193,7 @@ class Zero3Module(nn.Module):
         """Gather this unit for its backward; prefetch the unit whose backward comes next."""
         if not self.pending:  # the backward's start: finish the rest when it ends
             engine_callback(self.finish_backward)
-            self.pending, self.before = True, {s: s.grad is None for s in self.shards}
+            self.pending, self.before = True, {piece: piece.grad is None for piece in self.pieces}
         unit.gather()
         self.prefetch(unit, -1)
 
@@ -215,26 +230,33 @@ class Zero3Module(nn.Module):
             self.pending, self.waiting, self.launched = False, [], None
 
     def drop_unused(self) -> None:
-        """Shards of parameters no rank had a gradient for in this backward go back to .grad = None (if it was)."""
+        """Pieces of parameters no rank had a gradient for in this backward go back to .grad = None (if it was)."""
         used = used_anywhere([u.bucket for u in self.units])
         for unit in self.units:
-            for p, shard in zip(unit.bucket.params, unit.bucket.shards, strict=True):
-                if not used[p] and self.before[shard]:
-                    shard.grad = None
+            for p, (piece, _, _) in unit.bucket.pieces.items():
+                if not used[p] and self.before[piece]:
+                    piece.grad = None
         for unit in self.units:
             unit.bucket.had_grad = set()
 
-    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
-        """Scale the shards' gradients to a global 2-norm of at most max_norm (the norm over every rank's chunks)."""
-        return clip_chunks_(list(self.shards), max_norm)
+    @property
+    def sent(self) -> dict:
+        """Bytes this rank has handed to each collective so far."""
+        return {k: sum(u.bucket.sent[k] for u in self.units) for k in ("reduce_scatter", "all_gather")}
 
-    def full_value(self, p: torch.Tensor, shard) -> torch.Tensor:
-        """A gathered parameter at the shards' precision: under mixed precision the fp32 master values, gathered."""
-        if shard is None or shard.dtype == p.dtype:
-            return p.detach().clone()
-        full = torch.empty(self.world_size * shard.numel(), dtype=shard.dtype, device=shard.device)
-        all_gather_flat(full, shard.detach())
-        return full[:p.numel()].view(p.shape).clone()
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Scale the pieces' gradients to a global 2-norm of at most max_norm (the norm over every rank's pieces)."""
+        return clip_pieces_(list(self.pieces), max_norm, self.units[0].bucket.shard.device)
+
+    def full_values(self, unit: Unit) -> list[torch.Tensor]:
+        """A unit's parameters in full at the pieces' precision: under mixed precision the fp32 master values."""
+        bucket = unit.bucket
+        if bucket.shard.dtype == bucket.flat.buffer.dtype:
+            unit.gather()
+            return [p.detach().clone() for p in bucket.params]
+        full = torch.empty(bucket.flat.buffer.numel(), dtype=bucket.shard.dtype, device=bucket.shard.device)
+        all_gather_flat(full, bucket.shard.detach())
+        return [v.clone() for v in bucket.flat.views_of(full)]
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Every parameter in full by its original name, and the persistent buffers: a collective, every rank gets all."""
@@ -243,9 +265,7 @@ class Zero3Module(nn.Module):
             names.setdefault(p, []).append(name)  # a tied weight under each of its names, as the plain model's
         state = {}
         for unit in self.units:  # one unit full at a time
-            unit.gather()
-            for p, shard in zip(unit.bucket.params, unit.bucket.shards, strict=True):
-                value = self.full_value(p, shard)
+            for p, value in zip(unit.bucket.params, self.full_values(unit), strict=True):
                 state.update({name: value for name in names.pop(p)})
             unit.release()
         rest = self.module.state_dict()  # what is left: frozen parameters and persistent buffers
