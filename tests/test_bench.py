@@ -6,8 +6,8 @@ import subprocess
 import pytest
 
 from dp_helpers.tool.bench import BenchConfig, derived, quick
-from dp_helpers.tool.checks import UsageError
 from dp_helpers.tool.env import gpu_count, nccl_available
+from dp_helpers.tool.request import UsageError
 
 pytestmark = pytest.mark.slow
 

@@ -5,18 +5,10 @@ import math
 import pytest
 import torch
 
-from dp_helpers.tool.checks import UsageError
-from dp_helpers.tool.config import (
-    DIGITS_HELD_OUT,
-    DIGITS_TRAIN,
-    TrainConfig,
-    config_from_args,
-    fault,
-    validate,
-    worker_parser,
-)
+from dp_helpers.tool.config import TrainConfig, config_from_args, worker_parser
 from dp_helpers.tool.data import load_digits_split
 from dp_helpers.tool.reference import train_reference
+from dp_helpers.tool.request import DIGITS_HELD_OUT, DIGITS_TRAIN, UsageError, fault, validate
 
 
 @pytest.mark.parametrize("change, error, words", [

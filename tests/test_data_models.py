@@ -7,8 +7,9 @@ import re
 import pytest
 import torch
 
-from dp_helpers.tool.data import SimpleDataset, make_loader, make_synthetic, shard_plan
+from dp_helpers.tool.data import SimpleDataset, make_loader, make_synthetic
 from dp_helpers.tool.models import MLP, SimpleModel, build_model
+from dp_helpers.tool.sampler import shard_plan
 
 
 def test_synthetic_is_seeded_and_learnable():

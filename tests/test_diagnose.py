@@ -152,8 +152,8 @@ def test_an_exception_found_in_the_log_keeps_its_timestamp(tmp_path):
     ("used", "exists and is not empty"),  # e.g. '.', or a folder an earlier failed run left its failures.json in
 ])
 def test_a_launch_writes_only_into_a_new_or_empty_folder(tmp_path, write_script, out, words):
-    from dp_helpers.tool.checks import UsageError
     from dp_helpers.tool.launch.command import plan_launch
+    from dp_helpers.tool.request import UsageError
 
     (tmp_path / "used").mkdir()
     (tmp_path / "used" / "failures.json").write_text("[]")

@@ -1,8 +1,8 @@
-"""dp_helpers.tool.env: the launch choice, backend validation and the doctor report."""
+"""dp_helpers.tool.env: the launch choice and the doctor report; the backend checks of request.py."""
 
 import pytest
 
-from dp_helpers.tool import env
+from dp_helpers.tool import env, request
 
 
 @pytest.mark.parametrize("gpus, nccl, expected", [
@@ -16,10 +16,10 @@ def test_choose_launch(gpus, nccl, expected):
 
 
 def test_resolve_backend_auto():
-    assert env.resolve_backend("auto", 2, n_gpus=0, has_nccl=False) == "gloo"
-    assert env.resolve_backend("auto", 2, n_gpus=2, has_nccl=True) == "nccl"
-    assert env.resolve_backend("auto", 4, n_gpus=2, has_nccl=True) == "gloo"  # more ranks than GPUs
-    assert env.resolve_backend("auto", 4, n_gpus=2, has_nccl=True, local_world_size=2) == "nccl"
+    assert request.resolve_backend("auto", 2, n_gpus=0, has_nccl=False) == "gloo"
+    assert request.resolve_backend("auto", 2, n_gpus=2, has_nccl=True) == "nccl"
+    assert request.resolve_backend("auto", 4, n_gpus=2, has_nccl=True) == "gloo"  # more ranks than GPUs
+    assert request.resolve_backend("auto", 4, n_gpus=2, has_nccl=True, local_world_size=2) == "nccl"
 
 
 @pytest.mark.parametrize("backend, gpus, nccl, words", [
@@ -30,7 +30,7 @@ def test_resolve_backend_auto():
 ])
 def test_resolve_backend_refuses(backend, gpus, nccl, words):
     with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
-        env.resolve_backend(backend, 2, n_gpus=gpus, has_nccl=nccl)
+        request.resolve_backend(backend, 2, n_gpus=gpus, has_nccl=nccl)
 
 
 def test_report_on_this_machine():

@@ -120,3 +120,13 @@ def test_each_part_imports_only_the_parts_below_it():
 # checkers use all three, their on-rank scripts the experiments' batches; scripts/ sit on top
 ALLOWED = {("tool", "scratch"), ("course", "scratch"), ("course", "tool"), ("course", "scripts"), ("course", "root"),
            ("scripts", "scratch"), ("scripts", "tool"), ("root", "tool")}
+
+
+@pytest.mark.slow
+def test_a_train_request_is_checked_in_one_room_calling_down(tmp_path):
+    # tools/architecture.py follows `train`'s arguments from the CLI until the launcher writes its run folder
+    done = subprocess.run([sys.executable, str(REPO / "tools" / "architecture.py"), "--epochs", "2"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    walk = next(line for line in done.stdout.splitlines() if line.startswith("walk of"))
+    assert "circles 0" in done.stdout and int(walk.split(" climbs")[0].rsplit(" ", 1)[1]) <= 2, done.stdout
+    assert not (tmp_path / "runs").exists()  # it stopped before the run folder was made

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from dp_helpers.tool import env, launch
-from dp_helpers.tool.checks import UsageError
+from dp_helpers.tool import launch, request
 from dp_helpers.tool.cli import main as cli_main
 from dp_helpers.tool.launch import command
+from dp_helpers.tool.request import UsageError
 
 
 @pytest.fixture
@@ -59,7 +59,8 @@ def test_bad_arguments(no_spawn, script, tmp_path, kwargs, error, message):
 
 def fake_machine(monkeypatch, n_gpus, has_nccl):
     """Make run_ddp see n_gpus GPUs and a torch with or without NCCL."""
-    monkeypatch.setattr(command, "resolve_backend", functools.partial(env.resolve_backend, n_gpus=n_gpus, has_nccl=has_nccl))
+    monkeypatch.setattr(request, "resolve_backend", functools.partial(request.resolve_backend, n_gpus=n_gpus,
+                                                                      has_nccl=has_nccl))
 
 
 def test_nccl_without_nccl(no_spawn, script, tmp_path, monkeypatch):

@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from dp_helpers.tool.checks import UsageError
 from dp_helpers.tool.metrics import MetricsFormatError, MetricsTail, MetricsWriter, read_metrics
+from dp_helpers.tool.request import UsageError
 
 
 def write_run(run_dir, world_size=2, steps=3):

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from dp_helpers.tool.checks import UsageError
 from dp_helpers.tool.config import TrainConfig
 from dp_helpers.tool.files import remove_partials, write_atomic, write_text_atomic
+from dp_helpers.tool.request import UsageError
 from dp_helpers.tool.runs import checkpoint_lock, file_stamp, record_ending
 
 

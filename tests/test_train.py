@@ -16,9 +16,10 @@ import torch
 
 from dp_helpers.scripts import train as train_script
 from dp_helpers.tool.cli import main
-from dp_helpers.tool.config import TrainConfig, shard_plan, validate
+from dp_helpers.tool.config import TrainConfig
 from dp_helpers.tool.reference import train_reference
-from dp_helpers.tool.request import progress_steps
+from dp_helpers.tool.request import progress_steps, validate
+from dp_helpers.tool.sampler import shard_plan
 
 pytestmark = pytest.mark.slow
 

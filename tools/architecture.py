@@ -1,11 +1,12 @@
-"""The package's structure, measured: `python tools/architecture.py [--walk train --world-size 3 ...]`.
+"""The package's structure, measured: `python tools/architecture.py [train's flags, for the walk]`.
 
 - rooms: the package's modules (a package's __init__.py is a room too; templates are data, not rooms);
 - arrows: one module importing another, at its top or inside a function (a lazy import still ties the two);
 - floors: a room's floor is one above the highest room it imports (a room importing none is on floor 0), so an
   arrow always points down; a circle (rooms importing one another) is counted and its rooms share a floor;
 - the walk: the rooms of the functions called while the CLI checks a `train` request, from `cmd_train` until the
-  launcher writes anything (its run folder) or starts torchrun, each function at its first call (a check run once per flag counts once); a room
+  launcher writes anything (its run folder, a checkpoint's lock) or starts torchrun. Each function counts at its
+  first call (a check run once per flag counts once; comprehensions and lambdas are no functions here); a room
   called again right after itself is one stop, and a climb is a stop on a higher floor than the stop before it (a
   helper below has handed control back up).
 """
@@ -117,22 +118,29 @@ def trace_train(argv: list[str]) -> list[str]:
     def stop(*args, **kwargs):
         raise Launched
 
-    # the first thing a launch does is make its run folder; torchrun is started through subprocess.Popen
-    Path.mkdir, os.makedirs, subprocess.Popen.__init__ = stop, stop, stop
+    def creating(path, flags, *args, **kwargs):
+        if flags & os.O_CREAT:  # a lock file, say
+            raise Launched
+        return real_open(path, flags, *args, **kwargs)
+
+    # the first thing a launch writes is its run folder (or a checkpoint's lock); torchrun starts through Popen
+    real_open = os.open
+    Path.mkdir, os.makedirs, subprocess.Popen.__init__, os.open = stop, stop, stop, creating
     calls: list[str] = []
     seen: set = set()
 
     def profile(frame, event, arg):
         name = frame.f_globals.get("__name__", "")
-        if event == "call" and name.startswith("dp_helpers") and frame.f_code not in seen:
-            seen.add(frame.f_code)
+        code = frame.f_code  # a comprehension's or lambda's frame (<listcomp>, <lambda>) is no function of a room
+        if event == "call" and name.startswith("dp_helpers") and code not in seen and not code.co_name.startswith("<"):
+            seen.add(code)
             calls.append(name)
 
     args = cli.build_parser().parse_args(["train", *argv])
     sys.setprofile(profile)
     try:
         cli.cmd_train(args)
-    except Launched:
+    except (Launched, ValueError):  # ValueError: a check refused the request; the walk ends there
         pass
     finally:
         sys.setprofile(None)

@@ -8,7 +8,7 @@ entries marked with `tr_later(...)`, where the tests find them too, and calls `t
 
 from __future__ import annotations
 
-from dp_helpers.tool.checks import UsageError
+from dp_helpers.tool.request import UsageError
 
 LANGUAGES = ("en", "zh-CN")
 _current = {"language": "en"}  # set by the notebook, never at import

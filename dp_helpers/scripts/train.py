@@ -37,29 +37,16 @@ from dp_helpers.scratch.sharding import fsdp, memory
 from dp_helpers.scratch.sharding.zero import ZeroOptimizer
 from dp_helpers.scratch.sharding.zero3 import Zero3Module
 from dp_helpers.tool import dist as dph
-from dp_helpers.tool.config import (
-    POWERSGD_START,
-    TrainConfig,
-    config_from_args,
-    fault,
-    train_samples,
-    validate,
-    worker_parser,
-)
-from dp_helpers.tool.data import make_loader, shard_plan
+from dp_helpers.tool.config import POWERSGD_START, TrainConfig, config_from_args, worker_parser
+from dp_helpers.tool.data import make_loader
 from dp_helpers.tool.files import write_atomic, write_text_atomic
 from dp_helpers.tool.metrics import MetricsWriter, metrics_dir
 from dp_helpers.tool.models import build_model
+from dp_helpers.tool.request import as_flags, changed_settings, fault, train_samples, validate
 from dp_helpers.tool.runs import checkpoint_lock, file_stamp, record_ending
+from dp_helpers.tool.sampler import shard_plan
 from dp_helpers.tool.tasks import held_out_scores, held_out_set, loss_function, train_set
-from dp_helpers.tool.training import (
-    accumulate_step,
-    as_flags,
-    changed_settings,
-    layout_change,
-    make_optimizer,
-    seed_everything,
-)
+from dp_helpers.tool.training import accumulate_step, layout_change, make_optimizer, seed_everything
 
 LOCAL = ("local-sgd", "diloco")  # --comm values under which the model is not DDP-wrapped: ranks step alone
 

@@ -17,10 +17,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from dp_helpers.tool import env
-from dp_helpers.tool.checks import UsageError, check_int
 from dp_helpers.tool.files import write_text_atomic
 from dp_helpers.tool.launch import run_ddp
 from dp_helpers.tool.launch.process import run_tree
+from dp_helpers.tool.request import UsageError, check_int, resolve_backend
 from dp_helpers.tool.runs import prepare_run_dir
 from dp_helpers.tool.training import PRECISIONS, precision_problem
 
@@ -265,7 +265,7 @@ def run_bench(cfg: BenchConfig, out_dir=None, backend: str = "auto") -> dict:
     from tqdm.auto import tqdm
 
     validate_bench(cfg, capacity(backend))
-    backend = env.resolve_backend(backend, max(cfg.world_sizes))  # one backend for every world size, DataParallel's too
+    backend = resolve_backend(backend, max(cfg.world_sizes))  # one backend for every world size, DataParallel's too
     if out_dir is not None and (Path(out_dir) / "bench.json").exists():
         raise UsageError(f"output folder {out_dir} already holds a benchmark; choose a new folder or delete it.")
     out_dir = prepare_run_dir(out_dir, "bench")  # only now, so a refused benchmark leaves no folder behind

@@ -9,10 +9,9 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from dp_helpers.tool.checks import UsageError
 from dp_helpers.tool.config import add_train_flags, config_from_args
 from dp_helpers.tool.env import BACKENDS
-from dp_helpers.tool.request import check_train_request
+from dp_helpers.tool.request import UsageError, check_train_request
 
 
 class DefaultsOnce(argparse.ArgumentDefaultsHelpFormatter):
@@ -129,21 +128,17 @@ def log_lines(run_dir, lines: list[str]) -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     """Validate, launch the DDP job with a progress bar, draw loss.png, print where everything is."""
-    from dp_helpers.tool.launch import (
-        DistributedRunError,
-        RunTimeoutError,
-        plan_world_size,
-        run_ddp,
-    )
+    from dp_helpers.tool.launch import DistributedRunError, RunTimeoutError, run_ddp
     from dp_helpers.tool.launch.runners import ending_recorded
 
     cfg = config_from_args(args)
-    world_size = plan_world_size(args.world_size, args.backend)
-    steps = check_train_request(cfg, world_size, args.backend, args.oversubscribe, args.max_restarts, args.out)
+    script_args = cfg.as_args()
+    plan = check_train_request(cfg, args.world_size, args.backend, args.oversubscribe, args.max_restarts, args.out,
+                               args.timeout)  # every check, in one place, before anything starts
     try:
         with ending_recorded(cfg, f"--timeout {args.timeout:g} s" if args.timeout else "", interrupted):
-            result = run_ddp("dp_helpers.scripts.train", *cfg.as_args(), world_size=world_size, backend=args.backend,
-                             out_dir=args.out, timeout=args.timeout, progress=steps, max_restarts=args.max_restarts)
+            result = run_ddp("dp_helpers.scripts.train", *script_args, world_size=plan.world_size, backend=args.backend,
+                             out_dir=args.out, timeout=args.timeout, progress=plan.steps, max_restarts=args.max_restarts)
     except RunTimeoutError as exc:
         said = (f"{exc}\nThe run folder keeps what finished ({exc.run_dir}); raise --timeout, or leave it out: the CLI "
                 "sets no limit by default.")

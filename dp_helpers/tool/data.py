@@ -9,8 +9,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
-from dp_helpers.tool.checks import UsageError
-from dp_helpers.tool.config import DIGITS_HELD_OUT, ShardPlan, shard_plan  # noqa: F401 - the sampler arithmetic, torch-free in config
+from dp_helpers.tool.request import DIGITS_HELD_OUT, UsageError
 
 
 class SimpleDataset(Dataset):

@@ -20,9 +20,9 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from dp_helpers.tool.checks import UsageError, env_seconds
-from dp_helpers.tool.env import device_for, resolve_backend
+from dp_helpers.tool.env import device_for
 from dp_helpers.tool.files import write_text_atomic
+from dp_helpers.tool.request import UsageError, env_seconds, resolve_backend
 from dp_helpers.tool.runs import fresh_run_dir
 
 DEFAULT_PG_TIMEOUT_S = 30.0

@@ -1,4 +1,7 @@
-"""What this machine can do, and the backend and world size the training job picks (taught in notebook 01's setup cell)."""
+"""What this machine has and can do, as facts: cores, GPUs, NCCL, the launch `train` picks by default (notebook 01).
+
+Whether a request fits them is checked in request.py; this module only reads the machine.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +11,6 @@ import subprocess
 import sys
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-
-from dp_helpers.tool.checks import UsageError, check_choice
 
 BACKENDS = ("auto", "gloo", "nccl")
 
@@ -113,23 +114,6 @@ def choose_launch(n_gpus: int, has_nccl: bool) -> tuple[str, int, str]:
     return "gloo", 2, "no GPU: 2 CPU processes on gloo"
 
 
-def resolve_backend(backend: str, world_size: int, n_gpus: int | None = None,
-                    has_nccl: bool | None = None, local_world_size: int | None = None) -> str:
-    """Turn 'auto' into a concrete backend and refuse a combination that cannot run, in one sentence."""
-    check_choice("backend", backend, BACKENDS)
-    n_gpus = gpu_count() if n_gpus is None else n_gpus
-    has_nccl = nccl_available() if has_nccl is None else has_nccl
-    local_world = world_size if local_world_size is None else local_world_size  # processes on this node
-    if backend == "auto":
-        return "nccl" if has_nccl and n_gpus >= max(local_world, 2) else "gloo"
-    if backend == "nccl" and not has_nccl:
-        raise UsageError("backend 'nccl' is not built into this torch (a CPU build?); use backend 'gloo'.")
-    if backend == "nccl" and n_gpus < local_world:
-        raise UsageError(f"backend 'nccl' needs one GPU per process: {local_world} processes per node "
-                         f"but {n_gpus} GPU(s) visible; lower the world size or use backend 'gloo'.")
-    return backend
-
-
 def gpu_device(index: int):
     """The GPU with this index (the one place the device type is named; everything else asks here)."""
     import torch
@@ -147,6 +131,24 @@ def device_for(backend: str, local_rank: int):
     import torch
 
     return gpu_device(local_rank) if backend == "nccl" else torch.device("cpu")
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the checks of a request need to know of this machine, read once."""
+
+    cores: int
+    gpus: int
+    nccl: bool
+    backend: str  # what `train` picks by default, and with how many processes
+    world_size: int
+
+
+def machine() -> Machine:
+    """This machine's cores, GPUs and NCCL, and the launch `train` picks on it by default."""
+    gpus, nccl = gpu_count(), nccl_available()
+    backend, world_size, _ = choose_launch(gpus, nccl)
+    return Machine(cpu_cores(), gpus, nccl, backend, world_size)
 
 
 def report() -> EnvReport:

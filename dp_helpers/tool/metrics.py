@@ -17,8 +17,8 @@ import time
 import warnings
 from pathlib import Path
 
-from dp_helpers.tool.checks import UsageError
 from dp_helpers.tool.files import write_text_atomic
+from dp_helpers.tool.request import UsageError
 
 REQUIRED = ("rank", "world_size", "epoch", "step", "loss", "samples", "time")
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
-from dp_helpers.tool.checks import UsageError
 from dp_helpers.tool.metrics import read_metrics
+from dp_helpers.tool.request import UsageError
 
 
 def _get_ax(ax):

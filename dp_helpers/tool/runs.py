@@ -13,9 +13,9 @@ import time
 import uuid
 from pathlib import Path
 
-from dp_helpers.tool.checks import UsageError
 from dp_helpers.tool.files import write_text_atomic
 from dp_helpers.tool.metrics import MetricsTail, metrics_dir
+from dp_helpers.tool.request import UsageError, check_out_dir
 
 
 def fresh_run_dir(name: str) -> Path:
@@ -25,15 +25,8 @@ def fresh_run_dir(name: str) -> Path:
 
 def prepare_run_dir(out_dir, name: str) -> Path:
     """Create the run folder (a fresh one under runs/ by default); refuse one that is unwritable or already holds a run."""
-    if out_dir is not None and not str(out_dir).strip():
-        raise UsageError("the output folder is an empty string; give a folder name, or none for a new one under runs/.")
+    check_out_dir(out_dir)  # request.py's: an empty name, a file, a folder that holds a run or anything else
     run_dir = Path(fresh_run_dir(name) if out_dir is None else out_dir).expanduser().resolve()
-    if run_dir.exists() and not run_dir.is_dir():
-        raise UsageError(f"output folder {run_dir} is a file; give a folder (new or empty) for the run.")
-    if metrics_dir(run_dir).exists() or (run_dir / "summary.json").exists():
-        raise UsageError(f"output folder {run_dir} already holds a run; choose a new folder or delete it.")
-    if run_dir.is_dir() and any(run_dir.iterdir()):
-        raise UsageError(f"output folder {run_dir} exists and is not empty; a run writes into a new or empty folder.")
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         probe = run_dir / f".write-test-{os.getpid()}"

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-import pickle
 import random
 
 import torch
 from torch import nn
-
-from dp_helpers.tool.checks import UsageError
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 
@@ -124,65 +121,6 @@ def train_steps(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, s
         else:
             mixed_precision_step(model, inputs, targets, optimizer, scaler, precision)
     return model
-
-
-def read_checkpoint(path: str) -> dict:
-    """A checkpoint written by scripts/train.py (model, optimizer, epoch, step, and the run's settings), on the CPU."""
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        int(state["epoch"]), state["model"].items()  # noqa: B018 - the fields every checkpoint has
-        return state
-    # unreadable (OSError, EOFError), not a torch file (RuntimeError), unsafe pickle (UnpicklingError),
-    # or a torch file without an epoch (KeyError, TypeError, IndexError, ValueError)
-    except (OSError, EOFError, RuntimeError, pickle.UnpicklingError, KeyError, TypeError, IndexError,
-            ValueError) as exc:
-        raise UsageError(f"{path} is not a checkpoint written by --checkpoint ({type(exc).__name__}).") from exc
-    except AttributeError as exc:  # "model" is not a state_dict
-        raise UsageError(f"{path} is not a checkpoint written by --checkpoint ({type(exc).__name__}).") from exc
-
-
-# what a resumed run must keep, or it would train another job than the checkpoint's (the sizes are checked apart)
-RESUMED_SETTINGS = ("lr", "momentum", "data", "samples", "dim", "sync", "strategy", "use_no_sync", "bn_sync", "comm")
-
-
-def changed_settings(state: dict, cfg) -> dict:
-    """The checkpoint's value of each training setting this run changes (older checkpoints: the optimizer's lr, momentum)."""
-    theirs = dict(state.get("config") or {})
-    groups = state.get("optimizer", {}).get("param_groups") if isinstance(state.get("optimizer"), dict) else None
-    for key in ("lr", "momentum"):
-        if key not in theirs and groups and key in groups[0]:
-            theirs[key] = groups[0][key]
-    return {k: theirs[k] for k in RESUMED_SETTINGS if k in theirs and theirs[k] != getattr(cfg, k)}
-
-
-def as_flags(settings: dict) -> str:
-    """Settings as the command line writes them: --lr 0.01 --no-use-no-sync."""
-    from dp_helpers.tool.config import flag_words
-
-    return " ".join(word for name, value in settings.items() for word in flag_words(name, value))
-
-
-def check_resume(cfg) -> int:
-    """Refuse, in one sentence, a checkpoint this run cannot continue; returns the epoch it resumes from."""
-    # another world size, batch size or accumulation is fine: whole tensors, written at an epoch's end
-    from dp_helpers.tool.models import build_model
-
-    state = read_checkpoint(cfg.resume)
-    mine = {k: tuple(v.shape) for k, v in build_model(cfg.model, cfg.dim, cfg.seed).state_dict().items()}
-    theirs = {k: tuple(v.shape) for k, v in state["model"].items()}
-    if mine != theirs:
-        raise UsageError(f"{cfg.resume} holds another model's weights ({', '.join(f'{k} {list(s)}' for k, s in theirs.items())}); "
-                         f"resume with the --model and --dim it was trained with (now: --model {cfg.model} --dim {cfg.dim}).")
-    if int(state["epoch"]) >= cfg.epochs:
-        raise UsageError(f"{cfg.resume} finished epoch {state['epoch']} of --epochs {cfg.epochs}: nothing is left to "
-                         "train; raise --epochs to continue.")
-    changed = changed_settings(state, cfg)
-    if changed:
-        raise UsageError(f"{cfg.resume} was trained with {as_flags(changed)}, and resuming continues that training: "
-                         f"resume with the same (now: {as_flags({k: getattr(cfg, k) for k in changed})}).")
-    if "seed" in state and state["seed"] != cfg.seed:  # the sampler's permutation
-        raise UsageError(f"{cfg.resume} was written with --seed {state['seed']}; resume with the same (now: {cfg.seed}).")
-    return int(state["epoch"])
 
 
 def layout_change(state: dict, world_size: int, batch_size: int, grad_accum_steps: int) -> dict | None:

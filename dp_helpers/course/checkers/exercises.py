@@ -35,9 +35,9 @@ from dp_helpers.scratch.dataparallel.scatter_gather import replication_bytes
 from dp_helpers.scratch.ddp.mini_ddp import assign_buckets
 from dp_helpers.scratch.sharding.memory import zero_bytes
 from dp_helpers.scratch.sharding.zero import Flat
-from dp_helpers.tool.checks import UsageError
-from dp_helpers.tool.config import shard_plan
 from dp_helpers.tool.data import chunk_sizes, sampler_indices
+from dp_helpers.tool.request import UsageError
+from dp_helpers.tool.sampler import shard_plan
 from dp_helpers.tool.training import bce_loss, train_step
 
 # the value each numeric exercise expects: computed by the package where it holds the rule, a literal where the

@@ -28,8 +28,8 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import DataLoader, DistributedSampler
 
-from dp_helpers.tool.checks import env_seconds
 from dp_helpers.tool.dist import exit_without_finalizing
+from dp_helpers.tool.request import env_seconds
 
 COLLECTIVES = ("all_reduce", "broadcast", "barrier", "all_gather", "all_gather_into_tensor", "all_gather_object",
                "reduce", "reduce_scatter", "reduce_scatter_tensor", "gather", "gather_object", "scatter",

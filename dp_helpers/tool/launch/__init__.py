@@ -4,7 +4,6 @@ Never mp.spawn or fork from a kernel: spawn cannot pickle functions defined in a
 breaks once CUDA is initialised. Each launch is a fresh torchrun in its own session; an interrupt, a
 timeout or the death of this process takes the whole tree down with it. One module per job:
 
-    args.py      argument checks, one sentence each, before anything starts
     command.py   the launch plan: torchrun's command line, the workers' environment, the run folder
     agent.py     torchrun as started here: dies with its launcher, records failures as JSON
     process.py   start a process tree, remember its members, stop all of them
@@ -15,11 +14,10 @@ timeout or the death of this process takes the whole tree down with it. One modu
     nodes.py     run_local_nodes(): several "nodes" on one machine
 """
 
-from dp_helpers.tool.launch.args import plan_world_size
 from dp_helpers.tool.launch.diagnose import DistributedRunError, RunTimeoutError
 from dp_helpers.tool.launch.nodes import run_local_nodes
 from dp_helpers.tool.launch.run import RunResult, run_ddp
 from dp_helpers.tool.launch.runners import run_json, run_train
 
-__all__ = ["DistributedRunError", "RunResult", "RunTimeoutError", "plan_world_size", "run_ddp", "run_json",
+__all__ = ["DistributedRunError", "RunResult", "RunTimeoutError", "run_ddp", "run_json",
            "run_local_nodes", "run_train"]

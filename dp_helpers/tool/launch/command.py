@@ -8,9 +8,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from dp_helpers.tool.checks import check_int
-from dp_helpers.tool.env import gpu_count, resolve_backend, worker_threads
-from dp_helpers.tool.launch.args import check_args, check_nodes, plan_world_size, resolve_target
+from dp_helpers.tool.env import gpu_count, worker_threads
+from dp_helpers.tool.request import check_launch
 from dp_helpers.tool.runs import prepare_run_dir
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[3]  # the folder that holds dp_helpers/
@@ -76,16 +75,10 @@ def torchrun_command(target: list[str], script_args, run_dir: Path, world_size: 
 
 
 def plan_launch(script, script_args, world_size, backend, out_dir, timeout, nnodes, node_rank,
-                rdzv_endpoint, env, progress, max_restarts: int = 0) -> LaunchPlan:
+                rdzv_endpoint, env, progress, max_restarts: int = 0, echo=True) -> LaunchPlan:
     """Validate everything and build the launch, or raise one clear sentence before anything starts."""
-    target = resolve_target(script)
-    check_args(script_args, env, timeout)
-    world_size = plan_world_size(world_size, backend)
-    check_nodes(world_size, nnodes, node_rank, rdzv_endpoint)
-    if progress is not None:
-        check_int("progress", progress, 1)
-    check_int("max_restarts", max_restarts, 0)
-    backend = resolve_backend(backend, world_size, local_world_size=world_size // nnodes)
+    target, world_size, backend = check_launch(script, script_args, world_size, backend, out_dir, timeout, nnodes,
+                                               node_rank, rdzv_endpoint, env, progress, max_restarts, echo)
     name = target[-1].rsplit(".", 1)[-1] if target[0] == "-m" else Path(target[0]).stem
     run_dir = prepare_run_dir(out_dir, name)
     command = torchrun_command(target, script_args, run_dir, world_size, nnodes, rdzv_endpoint, max_restarts,

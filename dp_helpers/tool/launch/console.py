@@ -10,11 +10,11 @@ import threading
 import time
 from collections import deque
 
-from dp_helpers.tool.config import plural
 from dp_helpers.tool.launch.command import GRACE_S, LaunchPlan
 from dp_helpers.tool.launch.diagnose import VICTIM_RE, RunTimeoutError
 from dp_helpers.tool.launch.process import ProcessTree
 from dp_helpers.tool.metrics import MetricsTail, metrics_dir
+from dp_helpers.tool.sampler import plural
 
 TAIL_LINES = 200  # kept in memory for error messages; console.log keeps every line
 EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(: |$)")  # "ValueError: boom", "KeyboardInterrupt"; frames are indented

@@ -8,13 +8,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from dp_helpers.tool.config import plural
-from dp_helpers.tool.launch.args import check_echo
 from dp_helpers.tool.launch.command import GRACE_S, plan_launch
 from dp_helpers.tool.launch.console import Console, drain, start_reader, stream
 from dp_helpers.tool.launch.diagnose import RunTimeoutError, failure, last_lines
 from dp_helpers.tool.launch.process import ProcessTree, signals_held, start
 from dp_helpers.tool.metrics import metrics_dir, read_metrics
+from dp_helpers.tool.sampler import plural
 
 
 @dataclass
@@ -49,9 +48,8 @@ def run_ddp(script, *script_args, world_size: int | None = None, backend: str = 
     # RunTimeoutError after `timeout` seconds (None: no limit); KeyboardInterrupt is re-raised; in every case the whole
     # process tree is gone first. `progress`: the steps rank 0 will log, for a progress bar. `max_restarts`: how often
     # torchrun may start the whole group again after a rank failed (the script must resume by itself).
-    check_echo(echo)
     plan = plan_launch(script, script_args, world_size, backend, out_dir, timeout, nnodes, node_rank,
-                       rdzv_endpoint, env, progress, max_restarts)
+                       rdzv_endpoint, env, progress, max_restarts, echo)
     console, began = Console(plan, echo), time.monotonic()
     try:
         tree = ProcessTree(start(plan.command, plan.env), marker=plan.env["DP_LAUNCH_ID"])

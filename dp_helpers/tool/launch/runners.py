@@ -20,7 +20,7 @@ def run_train(world_size: int, echo: bool = False, out_dir=None, timeout: float 
     from dp_helpers.tool.request import check_train_request
 
     cfg = TrainConfig(**changes)
-    check_train_request(cfg, world_size, max_restarts=max_restarts, out_dir=out_dir)  # one sentence, before any start
+    check_train_request(cfg, world_size, max_restarts=max_restarts, out_dir=out_dir, timeout=timeout)  # one sentence
     with ending_recorded(cfg, f"timeout {timeout:g} s" if timeout else ""):
         run = run_ddp("dp_helpers.scripts.train", *cfg.as_args(), world_size=world_size, echo=echo,
                       out_dir=out_dir, timeout=timeout, max_restarts=max_restarts)
@@ -32,9 +32,9 @@ def ending_recorded(cfg, timeout_reason: str, interrupted=lambda exc: "interrupt
     """Around a train launch: summary.json says how a run that did not finish ended (timed out, failed, interrupted)."""
     from dp_helpers.tool.runs import checkpoint_lock, file_stamp
 
-    before = file_stamp(cfg.checkpoint)  # a snapshot an earlier run left there is not this run's
+    before = file_stamp(cfg.checkpoint) if cfg.checkpoint else None  # a snapshot an earlier run left there is not this run's
     try:
-        with checkpoint_lock(cfg.checkpoint):  # no two live runs write one snapshot
+        with checkpoint_lock(cfg.checkpoint) if cfg.checkpoint else contextlib.nullcontext():  # one writer a snapshot
             yield
     except RunTimeoutError as exc:
         ended(exc, cfg, before, timeout_reason)
