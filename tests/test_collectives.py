@@ -61,7 +61,7 @@ def test_each_rank_sends_two_w_minus_one_over_w(world):
 
 
 def ring_cases(info) -> list[dict]:
-    """scripts/ring_check.py's cases on this rank."""
+    """course/checkers/ring_check.py's cases on this rank."""
     return [ring_check.check(shape, dtype, info) for shape, dtype in ring_check.shapes(info.world_size)]
 
 

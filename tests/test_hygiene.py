@@ -41,7 +41,7 @@ def test_plain_torch_scripts_are_recognised():
     derived = '%%writefile a.py\nimport torch\nif torch.cuda.device_count() >= 2:\n    d = torch.device("cuda", 0)'
     assert plain_torch_script(derived)
     assert not plain_torch_script(derived.replace("device_count()", "is_available()"))
-    assert not plain_torch_script(derived + "\nfrom dp_helpers import dist")
+    assert not plain_torch_script(derived + "\nfrom dp_helpers.tool import dist")
 
 
 def functions():

@@ -48,7 +48,7 @@ def write(tmp_path: Path, text: str) -> Path:
 def test_the_solution_is_correct_on_2_and_3_ranks_in_two_kernels_at_once(tmp_path):
     path, temp = write(tmp_path, SOLUTION), tmp_path / "tmp"  # the checkers' folders go under temp: seen, then gone
     temp.mkdir()
-    check = "import sys; from dp_helpers import script_check as sc; sys.exit(0 if sc.check_ddp_script(sys.argv[1]) else 1)"
+    check = "import sys; from dp_helpers.course.checkers import script_check as sc; sys.exit(0 if sc.check_ddp_script(sys.argv[1]) else 1)"
     env = {**os.environ, "TMPDIR": str(temp), "PYTHONPATH": str(ROOT)}
     kernels = [subprocess.Popen([sys.executable, "-c", check, str(path)], stdout=subprocess.PIPE, text=True, env=env)
                for _ in range(2)]

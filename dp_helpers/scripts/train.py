@@ -295,7 +295,7 @@ def held_per_rank(model, optimizer, info: dph.DistInfo) -> list[dict]:
     """Every rank's bytes of parameters, gradients and optimizer state (from storages; a collective)."""
     # ZeroRedundancyOptimizer keeps the real optimizer in .optim, ZeroOptimizer in .inner (over its shards)
     inner = getattr(optimizer, "optim", None) or getattr(optimizer, "inner", None) or optimizer
-    params = list(model.parameters()) + list(getattr(optimizer, "shard_of", {}).values())  # zero2: + its shards
+    params = list(model.parameters()) + (optimizer.pieces() if hasattr(optimizer, "pieces") else [])  # zero2: + pieces
     mine = memory.held_bytes(params, [p.grad for p in params], inner)
     table = [None] * info.world_size
     dist.all_gather_object(table, mine)

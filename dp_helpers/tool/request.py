@@ -2,11 +2,10 @@
 
 `check_train_request` is the door (the CLI's `train` and run_train() call it). In order, each refusing the first
 problem in one sentence (a UsageError):
-1. the machine: what it has (env.machine, read once), the world size and backend it can run (`plan_world_size`,
-   `resolve_backend`);
+1. the machine: what it has (env.machine, read once) and the world size asked for (`plan_world_size`);
 2. the config, each flag alone, then the flags that contradict each other, then the files they name (`validate`);
-3. the request on this machine: its outputs, the CPU processes, SyncBatchNorm, restarts (`check_outputs`,
-   `check_machine`, `check_restarts`);
+3. the request on this machine: its outputs, the backend, the CPU processes, SyncBatchNorm, restarts
+   (`check_outputs`, `check_machine` with `resolve_backend`, `check_restarts`);
 4. the launch, what every run_ddp() checks (`check_launch`): the script, its arguments and environment, the timeout,
    the nodes, the echo, and the run folder (`check_out_dir`);
 5. a --resume checkpoint this run can continue and a --fail-at it trains, and the steps rank 0 will log
@@ -294,14 +293,17 @@ RUN_FOLDERS = ("metrics", "logs")
 
 
 def check_outputs(cfg, out_dir) -> None:
-    """Refuse a --checkpoint that is one of the files the run writes into its own folder (model.pt, metrics/...)."""
-    if not cfg.checkpoint or out_dir is None:
+    """Refuse a --checkpoint inside the run folder: one of the run's own files (model.pt, metrics/...), or any other."""
+    if not cfg.checkpoint or out_dir is None or not str(out_dir).strip():  # an empty --out: check_out_dir's
         return
     target, folder = (Path(p).expanduser().resolve() for p in (cfg.checkpoint, out_dir))
     inside = target.relative_to(folder) if target.is_relative_to(folder) and target != folder else None
     if inside is not None and (str(inside) in RUN_FILES or inside.parts[0] in RUN_FOLDERS):
         raise UsageError(f"--checkpoint {cfg.checkpoint} is the run folder's own {inside}: the run would overwrite "
                          "the snapshot with it; give the checkpoint another name, e.g. ck.pt.")
+    if inside is not None:  # its lock, <checkpoint>.lock, is written before the launcher wants the folder new or empty
+        raise UsageError(f"--checkpoint {cfg.checkpoint} lies in the run folder {out_dir}, which must be new or empty "
+                         "when the run starts: keep the checkpoint outside it.")
 
 
 def check_machine(cfg, world_size: int, backend: str, oversubscribe: bool, machine) -> str:

@@ -2,7 +2,7 @@
 
 `start_real_job_exercise` copies templates/my_real_job.py: examples/train_ddp_real.py with the bodies of
 `train_step`, `evaluate`, `save_checkpoint` and `load_checkpoint` taken out. `check_real_job` launches the learner's
-file under torchrun with the probes of scripts/probe.py (plus a count of DDP's gradient all-reduces and of optimizer
+file under torchrun with the probes of probe.py (plus a count of DDP's gradient all-reduces and of optimizer
 steps) on 2 gloo ranks stopped after an epoch, again to resume, and on 3; it compares the weights and the printed
 lines with examples/train_ddp_real.py on one process with the global batch, and names the first mistake it finds in
 one sentence: an all-reduce per micro-batch (no `no_sync`, or `no_sync` around the backward only), clipping before

@@ -2,7 +2,7 @@
 
 `start_fsdp_exercise` copies templates/my_fsdp.py: examples/train_fsdp.py with the bodies of `build_model`,
 `save_checkpoint` and `load_checkpoint` taken out. `check_fsdp_script` runs the learner's file under torchrun with
-the probes of scripts/probe.py (which write down each fully_shard, dcp.save and dcp.load) for 10 of 20 steps on 2
+the probes of probe.py (which write down each fully_shard, dcp.save and dcp.load) for 10 of 20 steps on 2
 ranks, resumes it on 3 from the DCP checkpoint, and compares the final weights with
 examples/train_fsdp_one_device.py on the same 24 windows a step. It names the first mistake in one sentence: a model
 with real weights on every rank before fully_shard, a block without its own fully_shard or a root sharded before its

@@ -1,11 +1,11 @@
 """Checkers that run a learner's code on real gloo processes and answer in one sentence (notebooks 00, 04, 08).
 
 Notebook 00: the learner turns the one-device loop `scripts/one_device_loop.py` into a DDP script; the
-checker launches it under torchrun with probes (`scripts/probe.py`), compares the saved weights and the
+checker launches it under torchrun with probes (`probe.py`, beside this file), compares the saved weights and the
 printed losses with the one-device loop run in this process on the global batch, and names the first
 mistake it finds (no process group, no DDP, no DistributedSampler, no set_epoch, a collective only some
 ranks call, saving or printing on every rank, a division too many). Notebooks 04 and 08: the learner fills
-in a skeleton (templates/), which scripts/my_ddp_check.py and my_zero1_check.py run next to torch's DDP or
+in a skeleton (course/templates/), which my_ddp_check.py and my_zero1_check.py (beside this file) run next to torch's DDP or
 one process; and a byte count per rank is predicted, then measured.
 """
 
@@ -467,11 +467,11 @@ SKELETON_TIMEOUT_S = 45  # a right answer takes 5-20 s on 2 busy cores; a loop t
 
 
 def records(exercise: str, path: Path, world_size: int, *args) -> list[dict] | str:
-    """Run scripts/<exercise>_check.py with the learner's file on world_size gloo ranks: every rank's record, or why not."""
+    """Run <exercise>_check.py (beside this file) with the learner's file on world_size gloo ranks: each rank's record."""
     run_dir = log_folder(f"{exercise}_w{world_size}") / "run"
     try:
-        ranks = run_json(f"{exercise}_check", exercise, "--module", str(path.resolve()), *args, world_size=world_size,
-                         backend="gloo", out_dir=run_dir, timeout=SKELETON_TIMEOUT_S,
+        ranks = run_json(f"dp_helpers.course.checkers.{exercise}_check", exercise, "--module", str(path.resolve()), *args,
+                         world_size=world_size, backend="gloo", out_dir=run_dir, timeout=SKELETON_TIMEOUT_S,
                          env={**ON_CPU, "DP_PG_TIMEOUT": str(group_timeout_s())})  # a hang fails in seconds
     except DistributedRunError as exc:
         return failure_sentence(exc, {}, world_size, run_dir, SKELETON_TIMEOUT_S)

@@ -66,7 +66,7 @@ def zero3_bytes(units: list[list[int]], world_size: int, rank: int) -> dict:
     for numels in units:
         flat = Flat([torch.empty(n, device="meta") for n in numels], world_size)  # the layout alone, no memory
         owned = flat.pieces(rank)
-        if owned:  # a chunk of padding alone is no piece's: nothing of it is held
+        if owned:  # held_bytes counts through the pieces: a chunk of padding alone, which no piece views, is not counted
             held["parameters"] += 4 * flat.size
             held["gradients"] += 4 * flat.size
         held["optimizer state"] += sum(ADAM_STATE_BYTES * (w.stop - w.start) + 4 for _, w, _ in owned)

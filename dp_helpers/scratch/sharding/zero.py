@@ -33,6 +33,7 @@ a subgroup (hybrid.py shards within one).
 from __future__ import annotations
 
 import gc
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -235,6 +236,12 @@ class Bucket:
         self.ready.add(p)
         self.had_grad.add(p)
 
+    def reset(self) -> None:
+        """Forget a backward that raised before its end: its partial full gradient, and a reduce-scatter under way."""
+        if self.work is not None:
+            self.work.wait()  # every rank started it: let it land before dropping it
+        self.full_grad, self.ready, self.work, self.mine = None, set(), None, None
+
     def full(self) -> bool:
         """Whether every gradient of the bucket has arrived in this backward."""
         return len(self.ready) == len(self.params)
@@ -266,7 +273,7 @@ class Bucket:
     def gather(self, async_op: bool = False, group=None):
         """All-gather every rank's chunk into the flat buffer, which the parameters read."""
         self.sent["all_gather"] += self.flat.buffer.numel() * self.flat.buffer.element_size()
-        # a chunk that is a view of the output buffer would be overwritten while it is sent: a copy goes instead
+        # a chunk that is a view of the output buffer goes as a copy: the collective's input never aliases its output
         mine = self.shard.detach() if self.own_shard else self.shard.detach().clone()
         return gather_chunks(self.flat, mine, async_op, group)
 
@@ -283,8 +290,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.buckets, self.bucket_of, self.inner = [], {}, None
         self.pending, self.next, self.reduced, self._consolidated, self.sync = False, 0, False, None, True
+        params = [{**g, "params": as_list(g["params"])} if isinstance(g, dict) else g for g in params]
+        refuse_ddp([q for g in params for q in (g["params"] if isinstance(g, dict) else [g])])  # before any change
         super().__init__(params, defaults)  # torch builds the groups: it calls add_param_group for each
-        refuse_ddp(self.bucket_of)
 
     def add_param_group(self, param_group: dict) -> None:
         """torch's add_param_group; the group's trained parameters go into buckets, their pieces to the inner optimizer."""
@@ -342,7 +350,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
     def finish_backward(self) -> None:
         """The end of a stage-2 backward: reduce what is left, in bucket order on every rank, and wait for all."""
         try:
-            for bucket in self.buckets[self.next:]:  # parameters this backward did not reach on this rank: zeros
+            for bucket in self.buckets[self.next:]:  # parameters this backward did not reach on this rank: zeros,
+                for p in bucket.params:  # or the gradient they accumulated under no_sync
+                    if p not in bucket.ready and p.grad is not None:
+                        bucket.collect(p)
                 bucket.reduce(async_op=True)
             for bucket in self.buckets:
                 bucket.finish()
@@ -367,7 +378,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
         """Step this rank's pieces with the inner optimizer, then all-gather the new parameters on every rank."""
         if closure is not None:
             raise ValueError("ZeroOptimizer.step takes no closure: every rank must run the same collectives.")
-        if getattr(self, "grad_scale", None) is not None:  # each rank would find infs in its own gradients only
+        # a GradScaler sets found_inf (and grad_scale, unless unscale_ ran first): each rank would find infs in its own
+        # gradients only, and stage 2's gradients are not in .grad for unscale_ to see
+        if getattr(self, "grad_scale", None) is not None or hasattr(self, "found_inf"):
             raise ValueError("ZeroOptimizer does not support GradScaler: train in bfloat16 (autocast), which needs no "
                              "loss scaling, or use Zero3Module with torch's ShardedGradScaler.")
         self.reduce_gradients()
@@ -388,6 +401,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
             else:
                 p.grad.zero_()
         self.pending, self.next = False, 0  # a backward that raised never reached its end: start afresh
+        for bucket in self.buckets:
+            bucket.reset()
         self.zero_grad_pieces()
 
     def zero_grad_pieces(self) -> None:
@@ -472,6 +487,11 @@ def on_piece(value, piece: nn.Parameter, key: str):
     return value.to(piece.device) if value.dim() else value  # a step count may stay where torch keeps it
 
 
+def as_list(params) -> list:
+    """A parameter group's "params": one tensor, or an iterable (a generator is read once, here)."""
+    return [params] if isinstance(params, torch.Tensor) else list(params)
+
+
 def drop_unused(buckets: list[Bucket]) -> None:
     """Pieces of parameters no rank had a gradient for get .grad None, so the optimizer skips them as one process."""
     for p, used in used_anywhere(buckets).items():
@@ -508,8 +528,10 @@ def refuse_ddp(params) -> None:
     ours = {id(p) for p in params}
     # the models alive in this process (the usual order wraps first, then builds this); the plain nn.Module test
     # first: DistributedDataParallel is also an abc class, whose isinstance is ~10x slower over every object
-    for obj in gc.get_objects():
-        if isinstance(obj, nn.Module) and isinstance(obj, DistributedDataParallel) \
-                and any(id(p) in ours for p in obj.parameters()):
+    with warnings.catch_warnings():  # the scan touches torch's deprecated module aliases, which warn when looked at
+        warnings.simplefilter("ignore", FutureWarning)
+        ddp = [obj for obj in gc.get_objects() if isinstance(obj, nn.Module) and isinstance(obj, DistributedDataParallel)]
+    for obj in ddp:
+        if any(id(p) in ours for p in obj.parameters()):
             raise ValueError("ZeroOptimizer reduces the gradients itself: build it over the plain model's parameters, "
                              "not a DistributedDataParallel model's, whose all-reduce would send every gradient twice.")

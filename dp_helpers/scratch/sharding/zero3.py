@@ -17,8 +17,11 @@ one per parameter with values in the chunk, for the user's own optimizer. The sc
    on (`async_op=True`, waited for one unit later);
 4. mixed precision (`MixedPrecision`): gathered and computed in param_dtype, reduced in reduce_dtype, the pieces
    and their updates in the parameters' own dtype (fp32 master weights).
-Every rank must run the same units in its forward (as with FSDP: a unit used on some ranks only would leave their
-all-gathers unmatched). The pieces are 1-D, so the optimizer must update each element on its own (`zero.ELEMENTWISE`);
+Every rank must run the same units in its forward and in its backward (as with FSDP: a unit used, or fed into the loss,
+on some ranks only would leave their all-gathers unmatched). Not supported: a second backward through a retained graph
+(its gradients would reach the next step), and a module whose input is a leaf tensor that requires grad (the hook on
+that input fires before the module's own weight gradients are in). A rank whose chunks hold padding alone gets one
+empty piece, so that an optimizer built over `parameters()` has a parameter on every rank. The pieces are 1-D, so the optimizer must update each element on its own (`zero.ELEMENTWISE`);
 an optimizer that is not (Adafactor, Muon, LBFGS) is refused at its first step. Clip with `model.clip_grad_norm_` (the
 norm over every rank's pieces); `full_state_dict()` gathers every weight by its original name, a state dict the plain
 model loads. Outside a unit's forward its parameters are freed (reading `model.module.fc.weight` then fails, as FSDP2
@@ -138,7 +141,10 @@ class Zero3Module(nn.Module):
         self.names = [(name, p) for name, p in module.named_parameters(remove_duplicate=False)]
         self.units = [Unit(mods, params, self.rank, self.world_size, self.mp) for mods, params in units_of(module)]
         self.unit_of = {p: u for u in self.units for p in u.bucket.params}
-        self.pieces = nn.ParameterList([piece for u in self.units for piece, _, _ in u.bucket.pieces.values()])
+        pieces = [piece for u in self.units for piece, _, _ in u.bucket.pieces.values()]
+        # a rank whose chunks hold padding alone (a tiny model on many ranks): one empty piece, so that every rank's
+        # optimizer has a parameter (torch refuses an empty list) and the ranks run the same collectives
+        self.pieces = nn.ParameterList(pieces or [nn.Parameter(self.units[0].bucket.shard[:0])])
         for piece in self.pieces:
             piece._zero3_shard = True  # what refuse_on_shards looks for
         check_optimizers()
@@ -157,6 +163,8 @@ class Zero3Module(nn.Module):
         """The wrapped module's forward, its units gathered and freed as it goes (inputs cast to param_dtype)."""
         if self.pending:  # the last backward raised before its end: its callback never ran, so start afresh
             self.pending, self.waiting, self.launched = False, [], None
+            for unit in self.units:
+                unit.bucket.reset()
         for unit in self.units:  # left full (a prefetch whose unit did not run, torch.autograd.grad): stale after a step
             unit.release()
         args, kwargs = cast_floats((args, kwargs), self.mp.param_dtype)

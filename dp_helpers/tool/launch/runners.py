@@ -63,6 +63,7 @@ def ended(exc: BaseException, cfg, before, reason: str, status: str = "stopped",
 
 
 def run_json(script: str, name: str, *args, world_size: int = 2, echo: bool = False, **kwargs) -> list:
-    """Run dp_helpers.scripts.<script> and return the per-rank list its rank 0 wrote to <name>.json."""
-    run = run_ddp(f"dp_helpers.scripts.{script}", *args, world_size=world_size, echo=echo, **kwargs)
+    """Run dp_helpers.scripts.<script> (or a module named in full) and return the list rank 0 wrote to <name>.json."""
+    module = script if "." in script else f"dp_helpers.scripts.{script}"
+    run = run_ddp(module, *args, world_size=world_size, echo=echo, **kwargs)
     return json.loads((run.run_dir / f"{name}.json").read_text(encoding="utf-8"))
