@@ -215,3 +215,49 @@ def test_zero_optimizer_keeps_each_dtype_and_what_the_optimizer_writes(pools):
     assert out["dtypes"] == [torch.float64, torch.float32]
     torch.testing.assert_close(out["fine"], torch.full((3,), 1 - 1e-12, dtype=torch.float64), rtol=0, atol=1e-16)
     assert out["groups"] == 1
+
+
+def tiny_and_accumulated(info) -> dict:
+    """A model smaller than the ranks' chunks under Zero3Module, a gradient left by no_sync under stage 2, a scaler."""
+    from dp_helpers.scratch.sharding.zero import ZeroOptimizer
+    from dp_helpers.scratch.sharding.zero3 import Zero3Module
+
+    torch.manual_seed(0)
+    tiny = Zero3Module(nn.Linear(2, 1))  # 3 values on 4 ranks: rank 3's chunk is padding alone
+    opt = torch.optim.SGD(tiny.parameters(), lr=0.5)
+    x = torch.arange(8.0).view(4, 2)[info.rank:info.rank + 1]
+    tiny(x).sum().backward()
+    opt.step()
+    out = {"tiny": tiny.full_state_dict(), "pieces": [p.numel() for p in tiny.parameters()]}
+    torch.manual_seed(1)
+    extra, body = nn.Parameter(torch.ones(1)), nn.Linear(3, 1)  # extra: used in the no_sync micro-batch only
+    z = ZeroOptimizer([*body.parameters(), extra], torch.optim.SGD, stage=2, lr=1.0)
+    with z.no_sync():
+        (body(torch.ones(2, 3)).sum() + 2 * extra.sum()).backward()
+    body(torch.ones(2, 3)).sum().backward()
+    z.step()
+    out["extra"] = extra.item()
+    scaler = torch.amp.GradScaler("cpu")
+    z.zero_grad()
+    scaler.scale(body(torch.ones(2, 3)).sum()).backward()
+    scaler.unscale_(z)  # the usual step before clipping: the scaler then hands no grad_scale to step()
+    try:
+        scaler.step(z)
+    except ValueError as exc:
+        out["scaler"] = str(exc)
+    return out
+
+
+@pytest.mark.slow
+def test_a_rank_with_padding_alone_a_no_sync_gradient_and_an_unscaled_scaler(pools):
+    torch.manual_seed(0)
+    plain = nn.Linear(2, 1)
+    plain(torch.arange(8.0).view(4, 2)).sum().div(4).backward()  # the mean over the 4 ranks' rows
+    with torch.no_grad():
+        for p in plain.parameters():
+            p -= 0.5 * p.grad
+    for rank, got in enumerate(pools.get(4).run(tiny_and_accumulated)):
+        torch.testing.assert_close(got["tiny"], plain.state_dict())
+        assert got["pieces"] == ([1] if rank < 3 else [0])  # rank 3: one empty piece, so its optimizer has one
+        assert got["extra"] == -1.0  # 1 - lr x its no_sync gradient, 2 on every rank (dropped, it would stay 1)
+        assert "does not support GradScaler" in got["scaler"]
