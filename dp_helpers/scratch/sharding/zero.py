@@ -33,6 +33,7 @@ a subgroup (hybrid.py shards within one).
 from __future__ import annotations
 
 import gc
+import itertools
 import warnings
 
 import torch
@@ -61,6 +62,7 @@ class Flat:
         if len({(t.dtype, t.device) for t in tensors}) > 1:
             raise ValueError("a flat buffer holds tensors of one dtype on one device.")
         self.shapes = [t.shape for t in tensors]
+        self.offsets = list(itertools.accumulate((t.numel() for t in tensors), initial=0))  # where each one starts
         self.size = padded(sum(t.numel() for t in tensors), world_size) // world_size
         self.buffer = torch.zeros(self.size * world_size, dtype=tensors[0].dtype, device=tensors[0].device)
         self.views = self.views_of(self.buffer)
@@ -69,12 +71,11 @@ class Flat:
 
     def views_of(self, buffer: torch.Tensor) -> list[torch.Tensor]:
         """Views of a buffer laid out like this one, one per original tensor, in order."""
-        views, offset = [], 0
-        for shape in self.shapes:
-            numel = shape.numel()
-            views.append(buffer[offset:offset + numel].view(shape))
-            offset += numel
-        return views
+        return [self.view_of(buffer, i) for i in range(len(self.shapes))]
+
+    def view_of(self, buffer: torch.Tensor, i: int) -> torch.Tensor:
+        """The view of a buffer laid out like this one that holds tensor i."""
+        return buffer[self.offsets[i]:self.offsets[i + 1]].view(self.shapes[i])
 
     def chunk(self, rank: int) -> torch.Tensor:
         """Rank's equal share of the buffer (a view)."""
@@ -82,12 +83,11 @@ class Flat:
 
     def pieces(self, rank: int) -> list[tuple[int, slice, slice]]:
         """(index, slice of rank's chunk, slice of the flattened tensor) for each tensor with values in that chunk."""
-        out, offset, start, stop = [], 0, rank * self.size, (rank + 1) * self.size
-        for i, shape in enumerate(self.shapes):
-            lo, hi = max(offset, start), min(offset + shape.numel(), stop)
+        out, start, stop = [], rank * self.size, (rank + 1) * self.size
+        for i, (offset, end) in enumerate(itertools.pairwise(self.offsets)):
+            lo, hi = max(offset, start), min(end, stop)
             if lo < hi:
                 out.append((i, slice(lo - start, hi - start), slice(lo - offset, hi - offset)))
-            offset += shape.numel()
         return out
 
 
@@ -112,10 +112,15 @@ def flat_grads(flat: Flat, params, dtype: torch.dtype | None = None) -> torch.Te
     full = torch.zeros(flat.buffer.shape, dtype=dtype or flat.buffer.dtype, device=flat.buffer.device)
     for p, view in zip(params, flat.views_of(full), strict=True):
         if p.grad is not None:
-            if p.grad.is_sparse:
-                raise ValueError("ZeRO needs dense gradients: build nn.Embedding without sparse=True.")
-            view.add_(p.grad)
+            view.add_(dense(p.grad))
     return full
+
+
+def dense(grad: torch.Tensor) -> torch.Tensor:
+    """A gradient that can be laid out flat; a sparse one is refused in one sentence."""
+    if grad.is_sparse:
+        raise ValueError("ZeRO needs dense gradients: build nn.Embedding without sparse=True.")
+    return grad
 
 
 def reduce_chunk(flat: Flat, full: torch.Tensor, async_op: bool = False, group=None):
@@ -229,9 +234,7 @@ class Bucket:
         """Add p's gradient (final for this backward) to the bucket's full gradient and free it."""
         if self.full_grad is None:
             self.full_grad = torch.zeros(self.flat.buffer.shape, dtype=self.grad_dtype, device=self.flat.buffer.device)
-        if p.grad.is_sparse:
-            raise ValueError("ZeRO needs dense gradients: build nn.Embedding without sparse=True.")
-        self.flat.views_of(self.full_grad)[self.position[p]].add_(p.grad)
+        self.flat.view_of(self.full_grad, self.position[p]).add_(dense(p.grad))  # one view: called per parameter
         p.grad = None  # the full gradient lives on only inside the bucket, until its reduce-scatter
         self.ready.add(p)
         self.had_grad.add(p)
@@ -494,11 +497,11 @@ def as_list(params) -> list:
 
 def drop_unused(buckets: list[Bucket]) -> None:
     """Pieces of parameters no rank had a gradient for get .grad None, so the optimizer skips them as one process."""
-    for p, used in used_anywhere(buckets).items():
-        if not used:
-            bucket = next(b for b in buckets if p in b.position)
-            if p in bucket.pieces:  # the ranks whose chunk holds part of p
-                bucket.pieces[p][0].grad = None
+    used = used_anywhere(buckets)
+    for bucket in buckets:
+        for p, (piece, _, _) in bucket.pieces.items():  # the ranks whose chunk holds part of p
+            if not used[p]:
+                piece.grad = None
 
 
 def used_anywhere(buckets: list[Bucket]) -> dict:
