@@ -1,6 +1,6 @@
-"""What a launch echoes: a traceback as its exception line, a peer's disappearance as a consequence, nothing else hidden."""
+"""What a launch echoes: whole lines, a traceback as its exception line, a peer's disappearance as a consequence."""
 
-from dp_helpers.tool.launch.console import Console, consequence
+from dp_helpers.tool.launch.console import Console, Rejoin, consequence
 
 
 def echoed(lines: list[str]) -> list[str]:
@@ -30,3 +30,19 @@ def test_an_error_from_a_peer_that_went_away_is_named_a_consequence():
     assert consequence(line) == ("[rank 0/2] RuntimeError: … Connection reset by peer (a consequence: a peer went away; "
                                  "console.log has it all)")
     assert consequence("[rank 0/2] ValueError: boom") == "[rank 0/2] ValueError: boom"
+
+
+def test_a_line_torchrun_read_in_two_parts_is_one_line_again():
+    # print() writes "first" and "\n" apart; torchrun's tail can read between them and prefix each part
+    rejoin = Rejoin(world_size=2)
+    assert rejoin("[rank 0/2] first[rank 1/2] hello\n") == ["[rank 1/2] hello\n"]
+    assert rejoin("[rank 0/2] \n") == ["[rank 0/2] first\n"]
+    assert rejoin("[rank 1/2] a[rank 1/2] b[rank 1/2] c\n") == ["[rank 1/2] abc\n"]
+
+
+def test_rejoining_leaves_other_lines_alone_and_ends_an_unended_line():
+    rejoin = Rejoin(world_size=2)
+    assert rejoin("torchrun: [rank 0/2] chatter\n") == ["torchrun: [rank 0/2] chatter\n"]
+    assert rejoin("[rank 0/2] says [rank 0/4] is another run\n") == ["[rank 0/2] says [rank 0/4] is another run\n"]
+    assert rejoin("[rank 1/2] no newline at the end") == []
+    assert rejoin.rest() == ["[rank 1/2] no newline at the end\n"] and rejoin.rest() == []

@@ -88,6 +88,18 @@ def test_lines_arrive_while_the_run_is_going(write_script, tmp_path):
     assert kernel.wait(timeout=60) == 0 and seen == ["first", "second"]
 
 
+def test_a_line_written_in_parts_arrives_whole(write_script, tmp_path, capsys):
+    # torchrun reads each rank's output every 0.1 s and prefixes what it read, half a line or not
+    script = write_script("""
+        import sys, time
+        sys.stdout.write("half"); sys.stdout.flush(); time.sleep(0.5); print(" and the rest", flush=True)
+        """)
+    result = run_ddp(script, world_size=2, out_dir=tmp_path / "run", timeout=120)
+    shown = capsys.readouterr().out.splitlines()
+    for rank in (0, 1):
+        assert f"[rank {rank}/2] half and the rest" in shown and f"[rank {rank}/2] half and the rest\n" in result.log
+
+
 def test_crashing_rank_is_named_fast(write_script, tmp_path):
     script = write_script(CRASH)
     # a process-group timeout longer than the run's: the error must come from the crash, not from waiting

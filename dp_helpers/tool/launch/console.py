@@ -21,6 +21,37 @@ EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(: |$)")  # "ValueError: boom", "Ke
 AFTER_TRACEBACK = ("At:", "During handling of the above exception", "The above exception was the direct cause")
 
 
+class Rejoin:
+    """Mends the lines torchrun's tail splits: it prefixes whatever part of a line a rank had written when it read."""
+
+    def __init__(self, world_size: int):
+        # a worker's print() writes its text and its newline apart (unbuffered), so torchrun can read "first" alone
+        # and later "\n": one line reaches us as "[rank 0/2] first[rank 0/2] \n", possibly with other ranks between
+        self.header = re.compile(rf"\[rank \d+/{world_size}\] ")
+        self.pending: dict[str, str] = {}
+
+    def __call__(self, raw: str) -> list[str]:
+        """The whole lines that one line read from torchrun completes (none while a rank's line is still partial)."""
+        starts = [m.start() for m in self.header.finditer(raw)]
+        if not starts or starts[0] != 0:
+            return [raw]  # torchrun's own chatter
+        lines = []
+        for begin, end in zip(starts, starts[1:] + [len(raw)], strict=True):
+            header = self.header.match(raw, begin).group(0)
+            body = self.pending.pop(header, "") + raw[begin + len(header):end]
+            if end < len(raw) or not body.endswith("\n"):
+                self.pending[header] = body  # cut off by the next rank's header (or the pipe's end): more may come
+            else:
+                lines.append(header + body)
+        return lines
+
+    def rest(self) -> list[str]:
+        """Lines a rank never ended (its last print had end='')."""
+        rest = [header + body + "\n" for header, body in self.pending.items()]
+        self.pending.clear()
+        return rest
+
+
 def pump(stream, lines: queue.Queue) -> None:
     """Reader thread: push each output line (bytes -> str, '\\r' kept) onto the queue, then None at EOF."""
     for raw in iter(stream.readline, b""):
@@ -71,12 +102,18 @@ class Console:
 
     def __init__(self, plan: LaunchPlan, echo: bool | str):
         self.echo, self.tail, self.folding = echo, deque(maxlen=TAIL_LINES), {}
+        self.rejoin = Rejoin(plan.world_size)
         self.path = plan.run_dir / "console.log"
         self.file = self.path.open("w", encoding="utf-8")
         self.metrics = MetricsTail(metrics_dir(plan.run_dir) / "rank0.jsonl")
         self.bar = Progress(plan.progress, plan.world_size) if plan.progress else None
 
-    def line(self, text: str) -> None:
+    def line(self, raw: str) -> None:
+        """One line read from torchrun: the whole lines it completes are logged and shown."""
+        for text in self.rejoin(raw):
+            self.whole(text)
+
+    def whole(self, text: str) -> None:
         """Log every line; show worker lines (torchrun's own chatter stays in the log)."""
         self.file.write(text)
         self.tail.append(text)
@@ -113,6 +150,8 @@ class Console:
 
     def close(self) -> None:
         """Final tick, then close the bar and the log."""
+        for text in self.rejoin.rest():
+            self.whole(text)
         self.tick()
         if self.bar is not None:
             self.bar.close()
