@@ -405,7 +405,8 @@ def make_summary(cfg: TrainConfig, info: dph.DistInfo, step: int, history: dict,
     ended = {"status": "stopped", "reason": f"--stop-after {cfg.stop_after}"} \
         if cfg.stop_after and len(losses) < cfg.epochs else {"status": "finished"}
     return {**ended, "checkpoint": cfg.checkpoint or None, "config": cfg.as_dict(), "world_size": info.world_size,
-            "backend": info.backend, "sync": cfg.sync if cfg.strategy in ("ddp", "zero1") else None,  # the others reduce their own way
+            "backend": info.backend, "link": os.environ.get("DP_LINK"),  # an emulated network (tool/link.py), or None
+            "sync": cfg.sync if cfg.strategy in ("ddp", "zero1") else None,  # the others reduce their own way
             "device": str(info.device), "global_batch_size": plan.global_batch,
             "steps": step, "epoch_losses": losses, "final_loss": losses[-1] if losses else None, **scores,
             "final_accuracy": scores["held_out_accuracy"][-1] if scores.get("held_out_accuracy") else None,

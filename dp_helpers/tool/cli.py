@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--max-restarts", type=int, default=0,
                        help="times torchrun may start the whole group again after a rank dies; with --checkpoint the "
                             "job resumes from its last snapshot")
+    train.add_argument("--link", default=None,
+                       help="an emulated network between the ranks, BANDWIDTH[,LATENCY] such as 1gbit,20us: every "
+                            "collective then takes the time that link needs (gloo only; the timings are emulated)")
     train.add_argument("--oversubscribe", action="store_true",
                        help="allow a world size far above the CPU cores (more than max(8, 4 x cores) processes)")
     sub.add_parser("doctor", help="what this machine can do and what train would pick")
@@ -134,11 +137,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     script_args = cfg.as_args()
     plan = check_train_request(cfg, args.world_size, args.backend, args.oversubscribe, args.max_restarts, args.out,
-                               args.timeout)  # every check, in one place, before anything starts
+                               args.timeout, args.link)  # every check, in one place, before anything starts
     try:
         with ending_recorded(cfg, f"--timeout {args.timeout:g} s" if args.timeout else "", interrupted):
             result = run_ddp("dp_helpers.scripts.train", *script_args, world_size=plan.world_size, backend=args.backend,
-                             out_dir=args.out, timeout=args.timeout, progress=plan.steps, max_restarts=args.max_restarts)
+                             out_dir=args.out, timeout=args.timeout, progress=plan.steps, max_restarts=args.max_restarts,
+                             link=args.link)
     except RunTimeoutError as exc:
         said = (f"{exc}\nThe run folder keeps what finished ({exc.run_dir}); raise --timeout, or leave it out: the CLI "
                 "sets no limit by default.")
@@ -167,7 +171,9 @@ def report_train(result, cfg) -> int:
                + (f"; --resume {cfg.checkpoint} continues it" if cfg.checkpoint else "")] \
         if summary.get("status") == "stopped" else []
     report(result, [f"final loss {summary['final_loss']:.6f} after {summary['steps']} steps on "
-                    f"{result.world_size} x {result.backend} in {result.wall_time:.1f}s", *stopped,
+                    f"{result.world_size} x {result.backend}"
+                    + (f" behind an emulated link ({summary['link']})" if summary.get("link") else "")
+                    + f" in {result.wall_time:.1f}s", *stopped,
                     f"equivalence: {summary['equivalence']}", f"run folder: {result.run_dir}"])
     return 0
 

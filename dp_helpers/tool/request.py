@@ -275,7 +275,7 @@ class TrainPlan(NamedTuple):
 
 
 def check_train_request(cfg, world_size: int | None = None, backend: str = "auto", oversubscribe: bool = False,
-                        max_restarts: int = 0, out_dir=None, timeout: float | None = None) -> TrainPlan:
+                        max_restarts: int = 0, out_dir=None, timeout: float | None = None, link=None) -> TrainPlan:
     """Refuse a request that cannot run, in one sentence, before anything starts; what it will run."""
     machine = machine_facts.machine()  # what this machine has, read once
     world_size = plan_world_size(world_size, backend, machine)
@@ -284,7 +284,7 @@ def check_train_request(cfg, world_size: int | None = None, backend: str = "auto
     resolved = check_machine(cfg, world_size, backend, oversubscribe, machine)  # what this machine can run
     check_restarts(max_restarts, cfg)  # a restarted group needs a snapshot to resume from
     check_launch("dp_helpers.scripts.train", (), world_size, backend, out_dir, timeout, max_restarts=max_restarts,
-                 machine=machine)  # what run_ddp() checks again: the script, the timeout, the run folder
+                 machine=machine, link=link)  # what run_ddp() checks again: the script, the timeout, the run folder
     return TrainPlan(world_size, resolved, progress_steps(cfg, world_size))  # reads a --resume checkpoint
 
 
@@ -335,7 +335,7 @@ def check_restarts(max_restarts: int, cfg) -> None:
 
 def check_launch(script, script_args, world_size: int | None, backend: str, out_dir, timeout, nnodes: int = 1,
                  node_rank: int = 0, rdzv_endpoint: str | None = None, env=None, progress: int | None = None,
-                 max_restarts: int = 0, echo=True, machine=None) -> tuple[list[str], int, str]:
+                 max_restarts: int = 0, echo=True, machine=None, link=None) -> tuple[list[str], int, str]:
     """Refuse a launch that cannot start; returns torchrun's target, the world size and the backend it will use."""
     check_echo(echo)
     target = resolve_target(script)
@@ -347,8 +347,28 @@ def check_launch(script, script_args, world_size: int | None, backend: str, out_
     check_int("max_restarts", max_restarts, 0)
     facts = {} if machine is None else {"n_gpus": machine.gpus, "has_nccl": machine.nccl}
     backend = resolve_backend(backend, world_size, local_world_size=world_size // nnodes, **facts)
+    check_link(link, backend)
     check_out_dir(out_dir)
     return target, world_size, backend
+
+
+def check_link(link, backend: str) -> None:
+    """Refuse an emulated link that is not BANDWIDTH[,LATENCY], or one asked of a backend other than gloo."""
+    if link is None:
+        return
+    from dp_helpers.tool.link import (
+        parse_link,  # imports torch.distributed: only when a link is asked for
+    )
+
+    if not isinstance(link, str):
+        raise UsageError(f"link must be a string such as '1gbit,20us', got {type(link).__name__}.")
+    try:
+        parse_link(link)
+    except ValueError as exc:
+        raise UsageError(f"{exc}.") from None
+    if backend != "gloo":
+        raise UsageError(f"an emulated link wraps gloo between CPU processes; this run would use {backend}: pass "
+                         "backend='gloo' (--backend gloo), or measure the real link instead.")
 
 
 def resolve_target(script) -> list[str]:

@@ -75,12 +75,14 @@ def torchrun_command(target: list[str], script_args, run_dir: Path, world_size: 
 
 
 def plan_launch(script, script_args, world_size, backend, out_dir, timeout, nnodes, node_rank,
-                rdzv_endpoint, env, progress, max_restarts: int = 0, echo=True) -> LaunchPlan:
+                rdzv_endpoint, env, progress, max_restarts: int = 0, echo=True, link=None) -> LaunchPlan:
     """Validate everything and build the launch, or raise one clear sentence before anything starts."""
     target, world_size, backend = check_launch(script, script_args, world_size, backend, out_dir, timeout, nnodes,
-                                               node_rank, rdzv_endpoint, env, progress, max_restarts, echo)
+                                               node_rank, rdzv_endpoint, env, progress, max_restarts, echo, link=link)
     name = target[-1].rsplit(".", 1)[-1] if target[0] == "-m" else Path(target[0]).stem
     run_dir = prepare_run_dir(out_dir, name)
+    if link is not None:  # the workers start behind the emulated link, which then runs the script (tool/link.py)
+        target = ["-m", "dp_helpers.tool.link", link, *target]
     command = torchrun_command(target, script_args, run_dir, world_size, nnodes, rdzv_endpoint, max_restarts,
                                fork=backend == "gloo" and sys.platform.startswith("linux") and gpu_count() == 0)
     local = nnodes == 1 or str(rdzv_endpoint).rsplit(":", 1)[0] in ("127.0.0.1", "localhost")

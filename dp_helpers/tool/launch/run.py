@@ -43,13 +43,14 @@ class RunResult:
 def run_ddp(script, *script_args, world_size: int | None = None, backend: str = "auto", out_dir=None,
             timeout: float | None = 600, nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None,
             env: Mapping[str, str] | None = None, progress: int | None = None, echo: bool | str = True,
-            max_restarts: int = 0) -> RunResult:
+            max_restarts: int = 0, link: str | None = None) -> RunResult:
     """Run a .py script or a module under torchrun with world_size processes; raise DistributedRunError if a rank fails."""
     # RunTimeoutError after `timeout` seconds (None: no limit); KeyboardInterrupt is re-raised; in every case the whole
     # process tree is gone first. `progress`: the steps rank 0 will log, for a progress bar. `max_restarts`: how often
-    # torchrun may start the whole group again after a rank failed (the script must resume by itself).
+    # torchrun may start the whole group again after a rank failed (the script must resume by itself). `link`: an
+    # emulated network between the ranks, 'BANDWIDTH[,LATENCY]' such as '1gbit,20us' (gloo only; tool/link.py).
     plan = plan_launch(script, script_args, world_size, backend, out_dir, timeout, nnodes, node_rank,
-                       rdzv_endpoint, env, progress, max_restarts, echo)
+                       rdzv_endpoint, env, progress, max_restarts, echo, link)
     console, began = Console(plan, echo), time.monotonic()
     try:
         tree = ProcessTree(start(plan.command, plan.env), marker=plan.env["DP_LAUNCH_ID"])
