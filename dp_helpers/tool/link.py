@@ -45,6 +45,7 @@ class Link:
     latency: float
 
     def __str__(self) -> str:
+        """'1 Gbit/s, 20 µs'."""
         return f"{self.bandwidth * 8 / 1e9:g} Gbit/s, {self.latency * 1e6:g} µs"
 
 
@@ -140,13 +141,16 @@ class LinkWork(dist.Work):
         self.done = done
 
     def wait(self, timeout=None) -> bool:
+        """Block until the link has carried the collective (or raise what gloo raised)."""
         self.done.wait()
         return True
 
     def is_completed(self) -> bool:
+        """Whether the link has carried it."""
         return self.done.done()
 
     def get_future(self) -> torch.futures.Future:
+        """The future DDP's reducer waits on: the result tensors, once carried."""
         return self.done
 
 
@@ -186,9 +190,11 @@ class LinkedGroup(dist.ProcessGroup):
         self._register_backend(cpu, gloo, inner._get_backend(cpu))
 
     def getBackendName(self) -> str:
+        """The name this wrapped gloo is registered under."""
         return BACKEND
 
     def barrier(self, opts=None):
+        """gloo's barrier, then 2(W-1) latency steps."""
         work = self.inner.barrier(opts) if opts is not None else self.inner.barrier()
         return LinkWork(self.wire.send("barrier", 0, collective_time("barrier", 0, self.size(), self.link), work, []))
 
@@ -197,6 +203,7 @@ def _delayed(name: str, kind: str, sent: int, result: int):
     """LinkedGroup.<name>: gloo's own call, completed later by the link's time for its bytes."""
 
     def method(self, *args):
+        """gloo's own call; its Work completes once the link has carried its bytes."""
         work, size = getattr(self.inner, name)(*args), nbytes(args[sent])
         value = args[result] if isinstance(args[result], list) else [args[result]]
         return LinkWork(self.wire.send(kind, size, collective_time(kind, size, self.size(), self.link), work, value))
@@ -222,6 +229,7 @@ def install(link: Link) -> None:
     """From now on, init_process_group and new_group in this process build gloo groups behind `link`."""
 
     def create(store, rank, world_size, timeout):
+        """c10d's constructor for the backend: gloo behind the link."""
         return LinkedGroup(gloo_group(store, rank, world_size, timeout), link)
 
     if BACKEND.upper() not in dist.Backend._plugins:
@@ -229,9 +237,11 @@ def install(link: Link) -> None:
     init, new = dist.init_process_group, dist.new_group
 
     def init_process_group(backend=None, *args, **kwargs):
+        """torch's, with gloo replaced by gloo behind the link."""
         return init(linked(backend), *args, **kwargs)
 
     def new_group(ranks=None, timeout=None, backend=None, *args, **kwargs):
+        """torch's, with gloo replaced by gloo behind the link (the default group's backend when none is named)."""
         return new(ranks, timeout, linked(backend) if backend is not None else None, *args, **kwargs)
 
     for module in (dist, c10d):  # `from torch.distributed import init_process_group` in the script sees ours too
