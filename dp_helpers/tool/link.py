@@ -31,6 +31,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from dp_helpers.scratch.collectives import ring
+
 BACKEND = "gloo_link"  # the name under which the wrapped gloo is registered
 PREFIX = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 BANDWIDTH = re.compile(r"([\d.]+(?:e-?\d+)?)\s*([kKmMgGtT]?)(bit|Bit|bps|b|B)(?:/s)?")  # b, bit, bps: bits; B: bytes
@@ -71,24 +73,9 @@ def parse_seconds(text: str, form: str, whole: str) -> float:
     return float(found.group(1)) * SECONDS[found.group(2)]
 
 
-# (latency steps, share of the bytes each rank sends) of a ring over W ranks, with n the collective's whole size
-RING_STEPS = {
-    "all_reduce": lambda w: (2 * (w - 1), 2 * (w - 1) / w),
-    "all_gather": lambda w: (w - 1, (w - 1) / w),  # n: the gathered output
-    "reduce_scatter": lambda w: (w - 1, (w - 1) / w),  # n: the input before scattering
-    "all_to_all": lambda w: (w - 1, (w - 1) / w),
-    "broadcast": lambda w: (w - 1, 1.0),  # pipelined along the ring: every byte crosses once per hop, overlapped
-    "barrier": lambda w: (2 * (w - 1), 0.0),
-    "point_to_point": lambda w: (1, 1.0),
-}
-
-
 def collective_time(kind: str, nbytes: float, world_size: int, link: Link) -> float:
-    """Seconds a ring collective of `nbytes` over `world_size` ranks takes on `link` (α-β model)."""
-    if world_size == 1:
-        return 0.0
-    steps, share = RING_STEPS[kind](world_size)
-    return steps * link.latency + share * nbytes / link.bandwidth
+    """Seconds a ring collective of `nbytes` over `world_size` ranks takes on `link` (α-β model, notebook 09)."""
+    return ring.collective_time(kind, nbytes, world_size, link.latency, link.bandwidth)
 
 
 class Wire:

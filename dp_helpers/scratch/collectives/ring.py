@@ -176,3 +176,23 @@ class GlobalBatchNorm1d(torch.nn.BatchNorm1d):
 def ring_time(nbytes: float, world_size: int, alpha: float, beta: float) -> float:
     """The alpha-beta model of a ring all-reduce: 2(N-1) steps of latency alpha, 2(N-1)/N of the bytes at beta bytes/s."""
     return 2 * (world_size - 1) * alpha + 2 * (world_size - 1) / world_size * nbytes / beta
+
+
+# (latency steps, share of the bytes each rank sends) of a ring over W ranks, n being the collective's whole size
+RING_STEPS = {
+    "all_reduce": lambda w: (2 * (w - 1), 2 * (w - 1) / w),  # a reduce-scatter, then an all-gather
+    "all_gather": lambda w: (w - 1, (w - 1) / w),  # n: the gathered output
+    "reduce_scatter": lambda w: (w - 1, (w - 1) / w),  # n: the input before scattering
+    "all_to_all": lambda w: (w - 1, (w - 1) / w),
+    "broadcast": lambda w: (w - 1, 1.0),  # pipelined along the ring: every byte leaves the root once
+    "barrier": lambda w: (2 * (w - 1), 0.0),
+    "point_to_point": lambda w: (1, 1.0),
+}
+
+
+def collective_time(kind: str, nbytes: float, world_size: int, alpha: float, beta: float) -> float:
+    """Seconds a ring `kind` of `nbytes` over `world_size` ranks takes: latency alpha per step, beta bytes/s."""
+    if world_size == 1:
+        return 0.0
+    steps, share = RING_STEPS[kind](world_size)
+    return steps * alpha + share * nbytes / beta

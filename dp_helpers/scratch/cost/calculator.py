@@ -1,0 +1,99 @@
+"""Memory per rank and step time for a cluster of your own, per data-parallel strategy (taught in notebook 09).
+
+Supports a transformer described by layers, hidden size, heads, vocabulary, sequence and micro-batch, trained with
+mixed-precision Adam (ZeRO's accounting: 2 bytes of parameter and 2 of gradient per value, K = 12 bytes of fp32
+state) by DDP, ZeRO-1, ZeRO-2, ZeRO-3 / FSDP2 (the same bytes) and HSDP (FSDP inside a shard group, replicas across
+groups). Memory: ZeRO's model states (Rajbhandari et al. 2020, section 3.1 and Figure 1) and activations per layer
+(Korthikanti et al. 2022, Table 2: sbh(34 + 5as/h) bytes without recomputation, 2sbh with full activation
+checkpointing). Time: 6 flops per parameter per token (8 with checkpointing) at the GPUs' sustained speed, and each
+collective on a ring (alpha-beta). What it leaves out: temporary buffers, fragmentation, the framework's own memory,
+the all-gathered layer ZeRO-3 holds while it computes, tensor/pipeline parallelism, FlashAttention (which drops the
+5as/h term), and contention between collectives; it gives both bounds of overlap rather than guess one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dp_helpers.scratch.collectives.ring import collective_time
+
+STRATEGIES = ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3 / FSDP2", "HSDP")
+
+
+@dataclass(frozen=True)
+class Transformer:
+    """The model and its batch: the shapes the memory and the flops follow from."""
+
+    layers: int
+    hidden: int
+    heads: int
+    vocab: int
+    sequence: int
+    micro_batch: int  # sequences per rank per step
+
+    @property
+    def parameters(self) -> int:
+        """12 h^2 per layer (attention 4 h^2, MLP 8 h^2) plus the embedding, V h; biases and norms left out."""
+        return 12 * self.layers * self.hidden ** 2 + self.vocab * self.hidden
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The GPUs and their links: sustained flop/s per GPU, and (bytes/s, seconds) of the links inside and between groups."""
+
+    gpus: int
+    flops: float  # what one GPU sustains on this model (peak x MFU), not its peak
+    bandwidth: float  # bytes/s per rank on the link data parallelism uses
+    latency: float = 10e-6
+    shard_group: int = 8  # HSDP: GPUs that shard among themselves (a node), on the fast link below
+    group_bandwidth: float | None = None  # that fast link; None: the same as `bandwidth`
+    group_latency: float | None = None
+
+
+def model_states(parameters: int, strategy: str, world_size: int, shard_group: int = 8, k: int = 12) -> dict:
+    """Bytes per rank of parameters, gradients and optimizer state (ZeRO's 2 + 2 + K bytes per parameter)."""
+    shards = {"DDP": (1, 1, 1), "ZeRO-1": (1, 1, world_size), "ZeRO-2": (1, world_size, world_size),
+              "ZeRO-3 / FSDP2": (world_size,) * 3, "HSDP": (min(shard_group, world_size),) * 3}[strategy]
+    return {"parameters": 2 * parameters / shards[0], "gradients": 2 * parameters / shards[1],
+            "optimizer state": k * parameters / shards[2]}
+
+
+def activations(model: Transformer, checkpointing: bool = False) -> float:
+    """Bytes of activations one rank keeps for its backward (16-bit, no tensor parallelism)."""
+    s, b, h, a = model.sequence, model.micro_batch, model.hidden, model.heads
+    per_layer = 2 * s * b * h if checkpointing else s * b * h * (34 + 5 * a * s / h)
+    return model.layers * per_layer
+
+
+def memory_per_rank(model: Transformer, strategy: str, cluster: Cluster, checkpointing: bool = False) -> dict:
+    """Bytes per rank: model states and activations, and their total."""
+    states = model_states(model.parameters, strategy, cluster.gpus, cluster.shard_group)
+    parts = {**states, "activations": activations(model, checkpointing)}
+    return {**parts, "total": sum(parts.values())}
+
+
+def collectives(parameters: int, strategy: str, world_size: int, shard_group: int = 8) -> list[tuple[str, float, int, str]]:
+    """(kind, bytes, ranks, link) of one step's collectives: 2-byte gradients and parameters."""
+    grads = params = 2 * parameters
+    if strategy == "DDP":
+        return [("all_reduce", grads, world_size, "data")]
+    if strategy in ("ZeRO-1", "ZeRO-2"):  # reduce-scatter the gradients, all-gather the updated parameters
+        return [("reduce_scatter", grads, world_size, "data"), ("all_gather", params, world_size, "data")]
+    if strategy == "ZeRO-3 / FSDP2":  # parameters gathered for the forward and again for the backward
+        return [("all_gather", params, world_size, "data")] * 2 + [("reduce_scatter", grads, world_size, "data")]
+    group = min(shard_group, world_size)
+    inside = [("all_gather", params, group, "group")] * 2 + [("reduce_scatter", grads, group, "group")]
+    return inside + [("all_reduce", grads / group, world_size // group, "data")]  # each shard across the replicas
+
+
+def step_time(model: Transformer, strategy: str, cluster: Cluster, checkpointing: bool = False) -> dict:
+    """Seconds of compute and of communication per step, and the step with no overlap and with perfect overlap."""
+    tokens = model.sequence * model.micro_batch
+    compute = (8 if checkpointing else 6) * model.parameters * tokens / cluster.flops
+    links = {"data": (cluster.latency, cluster.bandwidth),
+             "group": (cluster.group_latency or cluster.latency, cluster.group_bandwidth or cluster.bandwidth)}
+    comm = sum(collective_time(kind, nbytes, ranks, *links[link])
+               for kind, nbytes, ranks, link in collectives(model.parameters, strategy, cluster.gpus, cluster.shard_group))
+    serial, overlapped = compute + comm, max(compute, comm)
+    return {"compute": compute, "communication": comm, "no overlap": serial, "perfect overlap": overlapped,
+            "communication share": comm / serial, "tokens per second": tokens * cluster.gpus / overlapped}

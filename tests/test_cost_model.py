@@ -1,0 +1,71 @@
+"""The cost model's arithmetic against published figures and against itself (no process needed)."""
+
+import pytest
+
+from dp_helpers.scratch.collectives.ring import collective_time, ring_time
+from dp_helpers.scratch.cost.calculator import (
+    STRATEGIES,
+    Cluster,
+    Transformer,
+    activations,
+    collectives,
+    memory_per_rank,
+    model_states,
+    step_time,
+)
+from dp_helpers.scratch.cost.step_time import after_backward, fit_alpha_beta, overlapped
+
+
+@pytest.mark.parametrize(("strategy", "published_gb"), [("DDP", 120), ("ZeRO-1", 31.4), ("ZeRO-2", 16.6),
+                                                       ("ZeRO-3 / FSDP2", 1.9)])
+def test_model_states_match_the_zero_papers_figure_1(strategy, published_gb):
+    # Rajbhandari et al. 2020, Figure 1: 7.5 B parameters, 64 data-parallel ranks, K = 12, in GB of 1e9 bytes
+    assert sum(model_states(7.5e9, strategy, 64).values()) / 1e9 == pytest.approx(published_gb, abs=0.05)
+
+
+def test_hsdp_shards_within_its_group_only():
+    hsdp, fsdp = model_states(1e9, "HSDP", 64, shard_group=8), model_states(1e9, "ZeRO-3 / FSDP2", 8)
+    assert hsdp == fsdp  # 64 ranks in groups of 8 hold what FSDP on 8 ranks holds
+
+
+def test_activations_follow_korthikanti_and_checkpointing_keeps_each_layers_input():
+    m = Transformer(layers=2, hidden=1024, heads=16, vocab=1000, sequence=512, micro_batch=4)
+    sbh = 512 * 4 * 1024
+    assert activations(m) == 2 * sbh * (34 + 5 * 16 * 512 / 1024)
+    assert activations(m, checkpointing=True) == 2 * 2 * sbh
+
+
+def test_zero3_moves_one_and_a_half_times_ddps_bytes():
+    # ZeRO section 7: all-reduce = reduce-scatter + all-gather (2 x the gradients' bytes per rank); stage 3 adds a
+    # second all-gather of the parameters
+    def sent(strategy):
+        return sum(collective_time(kind, n, w, 0.0, 1.0) for kind, n, w, _ in collectives(1e9, strategy, 1024))
+
+    assert sent("ZeRO-1") == pytest.approx(sent("DDP")) and sent("ZeRO-3 / FSDP2") == pytest.approx(1.5 * sent("DDP"))
+
+
+def test_a_step_is_compute_plus_the_ring_or_the_larger_of_the_two():
+    m = Transformer(layers=4, hidden=512, heads=8, vocab=1000, sequence=128, micro_batch=2)
+    c = Cluster(gpus=8, flops=1e12, bandwidth=1e9, latency=1e-5)
+    for strategy in STRATEGIES:
+        t = step_time(m, strategy, c)
+        assert t["no overlap"] == pytest.approx(t["compute"] + t["communication"])
+        assert t["perfect overlap"] == max(t["compute"], t["communication"])
+        assert memory_per_rank(m, strategy, c)["total"] == pytest.approx(
+            sum(v for k, v in memory_per_rank(m, strategy, c).items() if k != "total"))
+    assert step_time(m, "DDP", c)["compute"] == pytest.approx(6 * m.parameters * 128 * 2 / 1e12)
+
+
+def test_overlap_hides_all_but_the_last_bucket_when_the_link_keeps_up():
+    buckets, alpha, beta = [1e6] * 4, 1e-5, 1e9
+    one = ring_time(1e6, 2, alpha, beta)
+    assert overlapped(0.01, 0.1, [4e6], 2, alpha, beta) == pytest.approx(after_backward(0.11, [4e6], 2, alpha, beta))
+    assert overlapped(0.01, 0.1, buckets, 2, alpha, beta) == pytest.approx(0.11 + one)  # only the last is exposed
+    slow = 1e6  # bytes/s: the link, not the backward, decides
+    assert overlapped(0.01, 0.1, buckets, 2, alpha, slow) == pytest.approx(0.01 + 0.025 + 4 * ring_time(1e6, 2, alpha, slow))
+
+
+def test_the_fit_recovers_alpha_and_beta():
+    sizes = [1e3, 1e5, 1e6, 1e7]
+    alpha, beta = fit_alpha_beta(sizes, [ring_time(n, 4, 3e-5, 2e8) for n in sizes], 4)
+    assert alpha == pytest.approx(3e-5) and beta == pytest.approx(2e8)
