@@ -5,7 +5,7 @@ import json
 import pytest
 
 from dp_helpers.tool.launch import run_ddp
-from dp_helpers.tool.link import Link, collective_time, main, parse_link
+from dp_helpers.tool.link import Link, collective_time, main, parse_link, torch_too_old
 from dp_helpers.tool.request import UsageError, check_link
 
 
@@ -33,6 +33,15 @@ def test_ring_times_follow_the_alpha_beta_model():
     assert collective_time("barrier", 0, 2, link) == pytest.approx(2e-5)
 
 
+def test_a_torch_before_2_7_is_refused_with_the_reason():
+    assert "needs torch >= 2.7 (this is 2.6.0+cu124)" in torch_too_old("2.6.0+cu124")
+    assert torch_too_old("2.7.0") is None and torch_too_old("2.13.0+cpu") is None
+    if torch_too_old():  # the oldest torch the course admits
+        with pytest.raises(UsageError, match="needs torch >= 2.7"):
+            check_link("1gbit,20us", "gloo")
+
+
+@pytest.mark.skipif(torch_too_old() is not None, reason="an emulated link needs torch >= 2.7 (refused: tested above)")
 def test_a_link_is_refused_for_nccl_and_for_a_bad_form_before_anything_starts(write_script, tmp_path):
     check_link(None, "nccl")
     check_link("1gbit,20us", "gloo")
@@ -104,6 +113,7 @@ dist.destroy_process_group()
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(torch_too_old() is not None, reason="an emulated link needs torch >= 2.7")
 def test_every_collective_of_a_run_crosses_the_link_and_results_do_not_change(write_script, tmp_path):
     result = run_ddp(write_script(EVERY_COLLECTIVE), world_size=2, out_dir=tmp_path / "run", link="1gbit,2ms",
                      timeout=120)

@@ -11,7 +11,8 @@ What it models: one serial link per process group (collectives cross it one afte
 the CPU computes); the ring's latency steps and bytes. What it does not: contention between groups or with other
 jobs, topology (every pair of ranks is one hop), congestion, a GPU's copy engines; the real loopback time of gloo's
 own collective comes on top (small next to the emulated time on a 1-10 Gbit/s link; measured in notebook 09).
-Refused: any backend but gloo (a real network is measured, never emulated on top), calls made from C++ that a
+Needs torch >= 2.7: before it (pytorch#146376) C++ dropped the Python side of a Work a Python group returned, and
+DDP's constructor hung waiting on it. Refused: any backend but gloo (a real network is measured, never emulated on top), calls made from C++ that a
 Python process group cannot intercept (functional collectives under torch.compile and DTensor redistributes),
 which then raise rather than run undelayed.
 """
@@ -33,6 +34,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from dp_helpers.scratch.collectives import ring
 
+MIN_TORCH = (2, 7)  # a Python group's Work survives in C++ (PyWorkHolder) from torch 2.7 on
 BACKEND = "gloo_link"  # the name under which the wrapped gloo is registered
 PREFIX = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 BANDWIDTH = re.compile(r"([\d.]+(?:e-?\d+)?)\s*([kKmMgGtT]?)(bit|Bit|bps|b|B)(?:/s)?")  # b, bit, bps: bits; B: bytes
@@ -212,8 +214,18 @@ def gloo_group(store, rank: int, world_size: int, timeout) -> dist.ProcessGroup:
     return group
 
 
+def torch_too_old(version: str = torch.__version__) -> str | None:
+    """Why this torch cannot run an emulated link, or None."""
+    if tuple(int(part) for part in re.findall(r"\d+", version)[:2]) < MIN_TORCH:
+        return (f"an emulated link needs torch >= {'.'.join(map(str, MIN_TORCH))} (this is {version}): older releases "
+                "lose a Python process group's work objects in C++, and DDP hangs")
+    return None
+
+
 def install(link: Link) -> None:
     """From now on, init_process_group and new_group in this process build gloo groups behind `link`."""
+    if torch_too_old():
+        raise RuntimeError(torch_too_old())
 
     def create(store, rank, world_size, timeout):
         """c10d's constructor for the backend: gloo behind the link."""
@@ -263,7 +275,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(USAGE)
     try:
         install(parse_link(argv[0]))
-    except ValueError as exc:
+    except (ValueError, RuntimeError) as exc:
         raise SystemExit(str(exc)) from None
     os.environ["DP_LINK"] = argv[0]  # the script (and its records) can say which link it ran behind
     if argv[1] == "-m":

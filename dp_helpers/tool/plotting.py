@@ -496,3 +496,23 @@ def plot_accuracy_vs_bytes(results: dict, ax=None, title: str | None = None):
     ax.set_title(title or "accuracy against bytes sent: up and to the left is better")
     ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)  # off the lines
     return ax
+
+
+OVERLAP_MODES = ("compute only", "after backward", "overlapped")
+
+
+def plot_overlap(measured: dict, predicted: dict | None = None, ax=None):
+    """ms per step for each bucket cap: bars measured per mode, crosses where the cost model put them; returns the Axes."""
+    ax = _get_ax(ax)
+    caps = list(measured)
+    for i, mode in enumerate(OVERLAP_MODES):
+        xs = [c + (i - 1) * 0.27 for c in range(len(caps))]
+        ax.bar(xs, [1e3 * measured[cap][mode] for cap in caps], width=0.27, color=f"C{i}", label=mode)
+        if predicted and mode in predicted[caps[0]]:
+            ax.plot(xs, [1e3 * predicted[cap][mode] for cap in caps], "kx", markersize=8,
+                    label="cost model" if i == 1 else None)
+    ax.set_xticks(range(len(caps)), [f"{float(c):g}" for c in caps])
+    ax.set_xlabel("bucket_cap_mb (MiB)")
+    ax.set_ylabel("ms per step")
+    ax.legend(fontsize="small", ncols=2)
+    return ax

@@ -356,9 +356,8 @@ def check_link(link, backend: str) -> None:
     """Refuse an emulated link that is not BANDWIDTH[,LATENCY], or one asked of a backend other than gloo."""
     if link is None:
         return
-    from dp_helpers.tool.link import (
-        parse_link,  # imports torch.distributed: only when a link is asked for
-    )
+    # imports torch.distributed: only when a link is asked for
+    from dp_helpers.tool.link import parse_link, torch_too_old
 
     if not isinstance(link, str):
         raise UsageError(f"link must be a string such as '1gbit,20us', got {type(link).__name__}.")
@@ -366,6 +365,8 @@ def check_link(link, backend: str) -> None:
         parse_link(link)
     except ValueError as exc:
         raise UsageError(f"{exc}.") from None
+    if torch_too_old():
+        raise UsageError(f"{torch_too_old()}.")
     if backend != "gloo":
         raise UsageError(f"an emulated link wraps gloo between CPU processes; this run would use {backend}: pass "
                          "backend='gloo' (--backend gloo), or measure the real link instead.")
