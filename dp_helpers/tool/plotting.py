@@ -516,3 +516,19 @@ def plot_overlap(measured: dict, predicted: dict | None = None, ax=None):
     ax.set_ylabel("ms per step")
     ax.legend(fontsize="small", ncols=2)
     return ax
+
+
+def plot_memory(rows: dict, ax=None):
+    """GB per rank for each strategy, stacked by what holds them (parameters, gradients, ...); returns the Axes."""
+    ax = _get_ax(ax)
+    names = list(rows)
+    parts = [k for k in rows[names[0]] if k != "total"]
+    bottom = [0.0] * len(names)
+    for i, part in enumerate(parts):
+        heights = [rows[n][part] / 1e9 for n in names]
+        ax.bar(range(len(names)), heights, bottom=bottom, color=f"C{i}", label=part)
+        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+    ax.set_xticks(range(len(names)), names)
+    ax.set_ylabel("GB per rank")
+    ax.legend(fontsize="small")
+    return ax
