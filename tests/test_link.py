@@ -94,6 +94,12 @@ reference = torch.func.functional_call(model, dict(zip([n for n, _ in model.name
 torch.autograd.backward(((reference - y) ** 2).mean())
 seen["ddp_equals_one_process"] = all(torch.allclose(p.grad, a.grad, atol=1e-6) for p, a in zip(model.parameters(), alone))
 
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+hooked = torch.nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 1)))
+state = powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=2)
+hooked.register_comm_hook(state, powerSGD_hook.powerSGD_hook)  # its callbacks wait on later all-reduces
+for _ in range(3):
+    loss_of(hooked, x, y).backward()
 mini = MiniDDP(nn.Linear(16, 1), bucket_cap_mb=1)
 loss_of(mini, x, y).backward()
 sharded = nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 1))

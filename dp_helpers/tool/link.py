@@ -101,13 +101,20 @@ class Wire:
             try:
                 work.wait()
             except Exception as exc:  # a peer died: the error reaches whoever waits
-                done.set_exception(exc)
+                complete(done.set_exception, exc)
                 continue
             transfer.started = time.perf_counter()
             time.sleep(transfer.seconds)
             transfer.finished = time.perf_counter()
             self.carried.append(transfer)
-            done.set_result(value)
+            complete(done.set_result, value)
+
+
+def complete(finish, value) -> None:
+    """Complete a future in a thread of its own: its callbacks run there, and one may wait for a later collective."""
+    # PowerSGD's hook chains callbacks that wait on the next all-reduce; run inline here, they would wait for the very
+    # thread that must carry it
+    threading.Thread(target=finish, args=(value,), daemon=True, name="emulated-link-done").start()
 
 
 @dataclass
