@@ -35,6 +35,11 @@ def checkpoint(path, model="linear", dim=10, epoch=1, **extra):
     return str(path)
 
 
+def test_a_link_that_cannot_be_read_or_run_is_refused_in_one_line(capsys, tmp_path):
+    assert "got 'fast'" in refused(capsys, "--link", "fast", "--out", str(tmp_path / "a"))
+    assert not (tmp_path / "a").exists()
+
+
 def test_an_empty_or_used_output_folder_is_refused(capsys, tmp_path, monkeypatch):
     assert "empty string" in refused(capsys, "--out", "")
     monkeypatch.chdir(tmp_path)
