@@ -189,10 +189,13 @@ class LinkedGroup(dist.ProcessGroup):
         """The name this wrapped gloo is registered under."""
         return BACKEND
 
+    def through_link(self, kind: str, size: int, work, value) -> LinkWork:
+        """gloo's `work`, completed once the link has carried `size` bytes of a `kind` collective."""
+        return LinkWork(self.wire.send(kind, size, collective_time(kind, size, self.size(), self.link), work, value))
+
     def barrier(self, opts=None):
         """gloo's barrier, then 2(W-1) latency steps."""
-        work = self.inner.barrier(opts) if opts is not None else self.inner.barrier()
-        return LinkWork(self.wire.send("barrier", 0, collective_time("barrier", 0, self.size(), self.link), work, []))
+        return self.through_link("barrier", 0, self.inner.barrier(opts) if opts is not None else self.inner.barrier(), [])
 
 
 def _delayed(name: str, kind: str, sent: int, result: int):
@@ -202,7 +205,7 @@ def _delayed(name: str, kind: str, sent: int, result: int):
         """gloo's own call; its Work completes once the link has carried its bytes."""
         work, size = getattr(self.inner, name)(*args), nbytes(args[sent])
         value = args[result] if isinstance(args[result], list) else [args[result]]
-        return LinkWork(self.wire.send(kind, size, collective_time(kind, size, self.size(), self.link), work, value))
+        return self.through_link(kind, size, work, value)
 
     method.__name__ = method.__qualname__ = name
     return method

@@ -30,7 +30,8 @@ def overlapped(forward: float, backward: float, buckets: list[int], world_size: 
                beta: float) -> float:
     """Seconds per step when each bucket (in the order it fills) is all-reduced as soon as its gradients exist."""
     ready = link_free = forward
+    total = sum(buckets)
     for size in buckets:
-        ready += backward * size / sum(buckets)  # its share of the backward
+        ready += backward * size / total  # its share of the backward
         link_free = max(ready, link_free) + ring_time(size, world_size, alpha, beta)
     return max(forward + backward, link_free)
