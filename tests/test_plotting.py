@@ -102,6 +102,21 @@ def test_memory_bars_stack_the_three_parts_in_kib():
     plt.close("all")
 
 
+def test_times_against_the_baseline_are_ratios_per_link_with_the_model_as_crosses():
+    from dp_helpers.tool.plotting import plot_vs_baseline
+
+    measured = {"loopback": {"ddp": 2.0, "fp16": 1.0, "local": 4.0}, "slow": {"ddp": 10.0, "fp16": 5.0, "local": 2.0}}
+    predicted = {"slow": {"ddp": 8.0, "fp16": 6.0, "local": 2.0}}  # no crosses over loopback: nothing predicted there
+    ax = plot_vs_baseline(measured, predicted)
+    assert [round(p.get_height(), 3) for p in ax.patches] == [0.5, 0.5, 2.0, 0.2]  # fp16 on each link, then local
+    crosses = [line for line in ax.get_lines() if line.get_marker() == "x"]
+    assert [list(line.get_ydata()) for line in crosses] == [[0.75], [0.25]]
+    assert [list(line.get_xdata()) for line in crosses] == [[0.8], [1.2]]  # on the slow link's bars
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["loopback", "slow"]
+    assert "ddp" in ax.get_ylabel()
+    plt.close("all")
+
+
 def test_plot_run_colours_ranks_apart_and_draws_epoch_means(tmp_path):
     from matplotlib.figure import Figure
 

@@ -5,7 +5,8 @@ Taught in notebook 04. `torchrun ... -m dp_helpers.tool.link 1gbit,20us train.py
 `LinkedGroup`: the real gloo collective runs as before, and its Work completes only after the α-β time of its ring
 steps on the stated link, counted from the moment every rank had arrived. The group is Python, so every call that
 reaches it is delayed: torch.distributed's functions, DDP's bucket all-reduces (its C++ reducer calls the group's
-allreduce), FSDP2's all-gathers and reduce-scatters, and the course's from-scratch classes.
+allreduce), FSDP2's all-gathers and reduce-scatters, and the course's from-scratch classes. Under a running
+torch.profiler each collective is a range `link: <kind>` from its issue to its end on the link (tool/trace.py).
 
 What it models: one serial link per process group (collectives cross it one after another, in issue order, while
 the CPU computes); the ring's latency steps and bytes. What it does not: contention between groups or with other
@@ -92,7 +93,7 @@ class Wire:
         """A future that completes `seconds` after `work` did and every earlier transfer was carried."""
         done: torch.futures.Future = torch.futures.Future()
         self.queue.put((Transfer(kind, nbytes, seconds, issued=time.perf_counter()), work, value, done))
-        return done
+        return traced(f"link: {kind}", done)
 
     def carry(self) -> None:
         """Thread: wait for gloo's real collective (every rank arrived), then hold the link for the modelled time."""
@@ -127,6 +128,14 @@ class Transfer:
     issued: float
     started: float = 0.0  # every rank had arrived and the link was free
     finished: float = 0.0
+
+
+def traced(name: str, done: torch.futures.Future) -> torch.futures.Future:
+    """`done`, drawn in a running torch.profiler trace as a range `name` from now (on this thread) until it completes."""
+    if not torch.autograd._profiler_enabled():
+        return done
+    with torch.profiler.record_function(name) as record:
+        return record._call_end_callbacks_on_future(done)  # torch's way to time an async call to its end
 
 
 class LinkWork(dist.Work):

@@ -532,3 +532,41 @@ def plot_memory(rows: dict, ax=None):
     ax.set_ylabel("GB per rank")
     ax.legend(fontsize="small")
     return ax
+
+
+def plot_vs_baseline(measured: dict, predicted: dict | None = None, baseline: str = "ddp", ax=None):
+    """Each method's time over the baseline's, grouped by link: bars measured, crosses the cost model; returns the Axes."""
+    ax = _get_ax(ax)
+    groups = list(measured)
+    methods = [m for m in measured[groups[0]] if m != baseline]
+    width = 0.8 / len(methods)
+    for i, method in enumerate(methods):
+        xs = [g + (i - (len(methods) - 1) / 2) * width for g in range(len(groups))]
+        ax.bar(xs, [measured[g][method] / measured[g][baseline] for g in groups], width=width, color=f"C{i}",
+               label=method)
+        modelled = [(x, g) for x, g in zip(xs, groups, strict=True) if g in (predicted or {})]  # groups it predicts
+        if modelled:
+            ax.plot([x for x, _ in modelled], [predicted[g][method] / predicted[g][baseline] for _, g in modelled], "kx",
+                    markersize=7, label="cost model" if i == 0 else None)
+    ax.axhline(1, color="black", linewidth=1)
+    ax.set_xticks(range(len(groups)), groups)
+    ax.set_ylabel(f"time / {baseline}'s (below 1: faster)")
+    ax.legend(fontsize="small", ncols=3)
+    return ax
+
+
+def plot_step_trace(step, ax=None):
+    """A StepTrace (tool/trace.py): compute on top, each collective on a lane below, exposed communication shaded."""
+    ax = _get_ax(ax)
+    lanes = len(step.communication)
+    ax.broken_barh([(a, b - a) for a, b in step.compute], (lanes, 0.8), color="C0", label="compute")
+    for i, (a, b) in enumerate(step.communication):
+        ax.broken_barh([(a, b - a)], (lanes - 1 - i, 0.8), color="C1", label="communication" if i == 0 else None)
+    if step.exposed:
+        ax.axvspan(*step.exposed, color="C3", alpha=0.2, label=f"exposed communication ({step.exposed_ms:.0f} ms)")
+    ax.axvline(step.phases["forward"][1], color="black", linestyle="--", linewidth=1)
+    ax.set_yticks([lanes + 0.4, *(lanes - 1 - i + 0.4 for i in range(lanes))],
+                  ["compute", *(f"collective {i + 1}" for i in range(lanes))])
+    ax.set_xlabel("ms from the forward's start (dashed: the backward starts)")
+    ax.legend(fontsize="small", loc="lower left")
+    return ax
