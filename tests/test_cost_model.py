@@ -69,3 +69,25 @@ def test_the_fit_recovers_alpha_and_beta():
     sizes = [1e3, 1e5, 1e6, 1e7]
     alpha, beta = fit_alpha_beta(sizes, [ring_time(n, 4, 3e-5, 2e8) for n in sizes], 4)
     assert alpha == pytest.approx(3e-5) and beta == pytest.approx(2e8)
+
+
+def test_zero3_step_walks_the_units_on_one_serial_link_by_hand():
+    from dp_helpers.scratch.cost.step_time import zero3_step
+
+    # two equal units; each gather and each reduce-scatter takes 1 s (one latency step on 2 ranks, bytes free);
+    # forward 1 s and backward 2 s per unit
+    by_hand = {False: 12.0,  # every collective in a row with the compute: 4 gathers, 2 scatters, 6 s of compute
+               True: 9.0}  # each next gather under the current unit's compute; the backward's first gather and last scatter exposed
+    for prefetch, seconds in by_hand.items():
+        assert zero3_step(2.0, 4.0, [100, 100], 2, 1.0, float("inf"), prefetch=prefetch) == seconds
+
+
+def test_zero3_step_is_the_compute_on_a_free_link_and_prefetch_never_loses():
+    from dp_helpers.scratch.cost.step_time import zero3_step
+
+    assert zero3_step(0.1, 0.2, [10, 20, 30], 4, 0.0, float("inf"), prefetch=False) == pytest.approx(0.3)
+    for alpha in (1e-5, 1e-3, 1e-1):
+        for beta in (1e6, 1e9):
+            units = [1000, 2 ** 20, 2 ** 20, 4096]
+            ahead, asked = (zero3_step(0.05, 0.1, units, 2, alpha, beta, prefetch=p) for p in (True, False))
+            assert ahead <= asked and ahead >= 0.15  # never slower; never below the compute

@@ -17,11 +17,11 @@ def mlp(seed: int) -> nn.Module:
                          nn.Linear(32, 1), nn.Sigmoid())
 
 
-def observed(info) -> dict:
+def observed(info, prefetch: bool = True) -> dict:
     """One recorded step: when each unit's gather starts, what a rank holds between steps, the full state dict."""
     from dp_helpers.scratch.sharding import zero3
 
-    model = zero3.Zero3Module(mlp(seed=info.rank))
+    model = zero3.Zero3Module(mlp(seed=info.rank), prefetch=prefetch)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     events, gather, reduce = [], zero3.Unit.start_gather, zero3.Bucket.reduce
     zero3.Unit.start_gather = lambda u: (events.append(("gather", model.units.index(u), u.full or u.work is not None)),
@@ -60,6 +60,15 @@ def test_units_are_prefetched_reduced_during_the_backward_and_freed(pools):
     plain = mlp(0)
     plain.load_state_dict(zero["state"])  # by name, as the plain model's own
     torch.testing.assert_close(ranks[1]["state"], zero["state"])
+
+
+@pytest.mark.slow
+def test_without_prefetch_each_unit_is_gathered_when_needed_and_the_step_is_the_same(pools):
+    ahead, asked = pools.get(2).run(observed), pools.get(2).run(observed, False)
+    second = asked[0]["events"][asked[0]["events"].index(("step", 1, None)):]
+    gathers = [e for e in second if e[0] == "gather"]
+    assert gathers == [("gather", k, False) for k in (0, 1, 2, 3, 3, 2, 1, 0)]  # none under way before it is needed
+    torch.testing.assert_close(asked[0]["state"], ahead[0]["state"], rtol=0, atol=0)  # the same arithmetic
 
 
 POLICIES = {"bf16 compute, fp32 reduce": (torch.bfloat16, torch.float32), "bf16 compute, bf16 reduce": (torch.bfloat16, None),

@@ -164,7 +164,24 @@ def alone(world_size: int, steps: int) -> list[list]:
     return [p.tolist() for p in model.parameters()]
 
 
-EXPERIMENTS = {"weights": weights, "memory": memory, "dtensors": dtensors}
+def prefetch(info: dph.DistInfo, args) -> dict:
+    """ZeRO-3 with and without prefetching, and the plain model alone: median seconds of a forward and backward."""
+    build = lambda: mlp(seed=0, width=args.width, depth=args.depth)  # noqa: E731
+    modes = {"compute only": build(), "prefetch": zero3.Zero3Module(build()),
+             "no prefetch": zero3.Zero3Module(build(), prefetch=False)}
+    x = torch.randn(args.rows, 10, generator=torch.Generator().manual_seed(info.rank))
+    times = {mode: [] for mode in modes}
+    for _ in range(args.steps):  # alternating, so that a slow moment of the machine hits every mode alike
+        for mode, model in modes.items():
+            start = time.perf_counter()
+            model(x).square().mean().backward()
+            times[mode].append(time.perf_counter() - start)
+    units = modes["prefetch"].units
+    return {"seconds": {mode: statistics.median(t[1:]) for mode, t in times.items()},
+            "unit bytes": [unit.nbytes for unit in units]}
+
+
+EXPERIMENTS = {"weights": weights, "memory": memory, "dtensors": dtensors, "prefetch": prefetch}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -172,8 +189,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--experiment", choices=sorted(EXPERIMENTS), nargs="+", required=True)
     parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--width", type=int, default=256, help="the memory experiment's hidden width")
-    parser.add_argument("--depth", type=int, default=4, help="the memory experiment's hidden layers")
+    parser.add_argument("--width", type=int, default=256, help="the memory and prefetch experiments' hidden width")
+    parser.add_argument("--depth", type=int, default=4, help="the memory and prefetch experiments' hidden layers")
+    parser.add_argument("--rows", type=int, default=512, help="the prefetch experiment's rows per rank")
     parser.add_argument("--strategies", choices=sorted(STRATEGIES), nargs="+", help="the memory experiment's (default: all)")
     return parser.parse_args(argv)
 

@@ -1,6 +1,7 @@
 """A training step's time from its compute and its collectives on a ring (taught in notebook 04, fitted in 09).
 
-Supports: DDP's bucket all-reduces issued after the backward or overlapped with it, on one serial link; a fit of
+Supports: DDP's bucket all-reduces issued after the backward or overlapped with it, and ZeRO-3's gathers and
+reduce-scatters with or without prefetching (notebook 08), on one serial link; a fit of
 the ring's latency alpha and bandwidth beta to measured all-reduce times. Assumes what it says: a bucket's gradients
 take a share of the backward proportional to their bytes, and the link carries one collective at a time. Refuses
 nothing it cannot compute; it does not model contention between ranks for CPU or memory, or a GPU's streams.
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from dp_helpers.scratch.collectives.ring import ring_time
+from dp_helpers.scratch.collectives.ring import collective_time, ring_time
 
 
 def fit_alpha_beta(nbytes: list[float], seconds: list[float], world_size: int) -> tuple[float, float]:
@@ -35,3 +36,43 @@ def overlapped(forward: float, backward: float, buckets: list[int], world_size: 
         ready += backward * size / total  # its share of the backward
         link_free = max(ready, link_free) + ring_time(size, world_size, alpha, beta)
     return max(forward + backward, link_free)
+
+
+class SerialLink:
+    """One collective at a time: each starts once it is issued and the link is free."""
+
+    def __init__(self):
+        self.free = 0.0
+
+    def send(self, issued: float, seconds: float) -> float:
+        """When a collective issued at `issued` that takes `seconds` is done."""
+        self.free = max(issued, self.free) + seconds
+        return self.free
+
+
+def through_units(start: float, order: list[int], compute: list[float], gather: list[float], link: SerialLink,
+                  prefetch: bool, scatter: list[float] | None = None) -> float:
+    """When a pass over the units in `order` ends: each waits for its gather, computes, then sends its scatter."""
+    t, done = start, link.send(start, gather[order[0]])
+    for i, k in enumerate(order):
+        t, following = max(t, done), order[i + 1] if i + 1 < len(order) else None
+        if prefetch and following is not None:  # the next unit's gather leaves while this one computes
+            done = link.send(t, gather[following])
+        t += compute[k]
+        if scatter is not None:
+            link.send(t, scatter[k])
+        if not prefetch and following is not None:  # asked for only when the next unit starts
+            done = link.send(t, gather[following])
+    return t
+
+
+def zero3_step(forward: float, backward: float, units: list[int], world_size: int, alpha: float, beta: float,
+               prefetch: bool = True) -> float:
+    """Seconds of a ZeRO-3 forward and backward: each unit (bytes) gathered for both, reduce-scattered after its backward."""
+    total, link = sum(units), SerialLink()
+    gather = [collective_time("all_gather", n, world_size, alpha, beta) for n in units]
+    scatter = [collective_time("reduce_scatter", n, world_size, alpha, beta) for n in units]
+    order = list(range(len(units)))
+    t = through_units(0.0, order, [forward * n / total for n in units], gather, link, prefetch)
+    t = through_units(t, order[::-1], [backward * n / total for n in units], gather, link, prefetch, scatter)
+    return max(t, link.free)

@@ -14,7 +14,7 @@ one per parameter with values in the chunk, for the user's own optimizer. The sc
    pieces, so the optimizer skips it as it would in one process;
 3. what makes it fast: the next unit's all-gather starts (is prefetched) while the current one computes, in the
    order the first forward ran (backwards during the backward), and each reduce-scatter runs while the backward goes
-   on (`async_op=True`, waited for one unit later);
+   on (`async_op=True`, waited for one unit later); `prefetch=False` turns the first off, to time what it hides;
 4. mixed precision (`MixedPrecision`): gathered and computed in param_dtype, reduced in reduce_dtype, the pieces
    and their updates in the parameters' own dtype (fp32 master weights).
 Every rank must run the same units in its forward and in its backward (as with FSDP: a unit used, or fed into the loss,
@@ -132,7 +132,7 @@ class Unit:
 class Zero3Module(nn.Module):
     """ZeRO-3 from scratch behind nn.Module: parameters() are this rank's shards; forward gathers unit by unit."""
 
-    def __init__(self, module: nn.Module, mixed_precision: MixedPrecision | None = None):
+    def __init__(self, module: nn.Module, mixed_precision: MixedPrecision | None = None, prefetch: bool = True):
         super().__init__()
         if getattr(module, "_zero3_wrapped", False):
             raise ValueError("this module is already wrapped by a Zero3Module: its parameters are shards of the first one")
@@ -151,6 +151,7 @@ class Zero3Module(nn.Module):
         hide_parameters(module)  # the wrapper's parameters are the shards alone
         object.__setattr__(module, "_zero3_wrapped", True)
         self.module, self.order, self.pending, self.waiting, self.launched = module, [], False, [], None
+        self.prefetching = prefetch  # False: a unit is gathered only when it is needed (notebook 08 times both)
         for unit in self.units:
             for m in unit.modules:
                 m.register_forward_pre_hook(lambda _, args, u=unit: self.before_forward(u, args))
@@ -183,7 +184,7 @@ class Zero3Module(nn.Module):
     def prefetch(self, unit: Unit, direction: int) -> None:
         """Start the gather of the unit that runs next in this direction (+1 forward, -1 backward)."""
         k = self.order.index(unit) + direction
-        if 0 <= k < len(self.order) and len(self.order) == len(self.units):
+        if self.prefetching and 0 <= k < len(self.order) and len(self.order) == len(self.units):
             self.order[k].start_gather()
 
     def after_forward(self, unit: Unit, out) -> None:
