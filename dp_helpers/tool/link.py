@@ -1,7 +1,7 @@
 """An emulated network between the ranks: every collective completes when a link of a stated speed would have carried it.
 
 Taught in notebook 04. `torchrun ... -m dp_helpers.tool.link 1gbit,20us train.py ...` runs any script (and
-`run_ddp(..., link=...)`, `train --link`, `bench --link` run theirs) with each gloo process group replaced by a
+`run_ddp(..., link=...)` and `train --link` run theirs) with each gloo process group replaced by a
 `LinkedGroup`: the real gloo collective runs as before, and its Work completes only after the α-β time of its ring
 steps on the stated link, counted from the moment every rank had arrived. The group is Python, so every call that
 reaches it is delayed: torch.distributed's functions, DDP's bucket all-reduces (its C++ reducer calls the group's
