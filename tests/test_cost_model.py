@@ -91,3 +91,18 @@ def test_zero3_step_is_the_compute_on_a_free_link_and_prefetch_never_loses():
             units = [1000, 2 ** 20, 2 ** 20, 4096]
             ahead, asked = (zero3_step(0.05, 0.1, units, 2, alpha, beta, prefetch=p) for p in (True, False))
             assert ahead <= asked and ahead >= 0.15  # never slower; never below the compute
+
+
+# The Ultra-Scale Playbook (Hugging Face, 2025), its chart of activation memory against sequence length: Llama 3.1
+# 8B, 70B and 405B, one sequence per GPU, no recomputation, GiB, as published in the chart's data
+PLAYBOOK_ACTIVATIONS = {(32, 4096, 32): [9.25390625, 28.5078125, 97.015625, 354.03125, 1348.0625],
+                        (80, 8192, 64): [46.2578125, 142.515625, 485.03125, 1770.0625, 6740.125],
+                        (126, 16384, 128): [145.703125, 448.90625, 1527.8125, 5575.625, 21231.25]}
+
+
+@pytest.mark.parametrize(("shape", "published"), PLAYBOOK_ACTIVATIONS.items())
+def test_activations_match_the_ultrascale_playbooks_chart(shape, published):
+    layers, hidden, heads = shape
+    for s, gib in zip((1024, 2048, 4096, 8192, 16384), published, strict=True):
+        ours = activations(Transformer(layers, hidden, heads, 128_256, s, 1))
+        assert gib * 2**30 - ours == s * hidden  # the chart counts one more s*b*h bytes (b = 1), nothing else
