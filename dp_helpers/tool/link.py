@@ -243,8 +243,8 @@ def torch_too_old(version: str = torch.__version__) -> str | None:
 
 def install(link: Link) -> None:
     """From now on, init_process_group and new_group in this process build gloo groups behind `link`."""
-    if torch_too_old():
-        raise RuntimeError(torch_too_old())
+    if reason := torch_too_old():
+        raise RuntimeError(reason)
 
     def create(store, rank, world_size, timeout):
         """c10d's constructor for the backend: gloo behind the link."""

@@ -365,8 +365,8 @@ def check_link(link, backend: str) -> None:
         parse_link(link)
     except ValueError as exc:
         raise UsageError(f"{exc}.") from None
-    if torch_too_old():
-        raise UsageError(f"{torch_too_old()}.")
+    if reason := torch_too_old():
+        raise UsageError(f"{reason}.")
     if backend != "gloo":
         raise UsageError(f"an emulated link wraps gloo between CPU processes; this run would use {backend}: pass "
                          "backend='gloo' (--backend gloo), or measure the real link instead.")

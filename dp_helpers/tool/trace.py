@@ -45,9 +45,9 @@ def read_step(path: str | Path) -> StepTrace:
     start, thread = ranges["forward"]["ts"], ranges["backward"]["tid"]
     span = lambda e: ((e["ts"] - start) / 1e3, (e["ts"] + e["dur"] - start) / 1e3)  # noqa: E731
     phases = {name: span(e) for name, e in ranges.items()}
-    own = [e for e in events if e["tid"] == thread and not e["name"].startswith(NOT_COMPUTE)]
-    forward = [span(e) for e in own if phases["forward"][0] <= span(e)[0] < phases["forward"][1]]
-    backward = [span(e) for e in own if e["name"].startswith(AUTOGRAD) and span(e)[0] >= phases["backward"][0]]
+    own = [(e["name"], span(e)) for e in events if e["tid"] == thread and not e["name"].startswith(NOT_COMPUTE)]
+    forward = [s for _, s in own if phases["forward"][0] <= s[0] < phases["forward"][1]]
+    backward = [s for name, s in own if name.startswith(AUTOGRAD) and s[0] >= phases["backward"][0]]
     linked = [span(e) for e in events if e["name"].startswith("link:")]
     communication = linked or [span(e) for e in events if e["name"].startswith("gloo:")]
     end = phases["backward"][1]

@@ -22,22 +22,6 @@ def fit_alpha_beta(nbytes: list[float], seconds: list[float], world_size: int) -
     return max(float(alpha), 0.0), 1 / float(inverse_beta)
 
 
-def after_backward(compute: float, buckets: list[int], world_size: int, alpha: float, beta: float) -> float:
-    """Seconds per step when every all-reduce starts once the backward is done: compute, then the link."""
-    return compute + sum(ring_time(b, world_size, alpha, beta) for b in buckets)
-
-
-def overlapped(forward: float, backward: float, buckets: list[int], world_size: int, alpha: float,
-               beta: float) -> float:
-    """Seconds per step when each bucket (in the order it fills) is all-reduced as soon as its gradients exist."""
-    ready = link_free = forward
-    total = sum(buckets)
-    for size in buckets:
-        ready += backward * size / total  # its share of the backward
-        link_free = max(ready, link_free) + ring_time(size, world_size, alpha, beta)
-    return max(forward + backward, link_free)
-
-
 class SerialLink:
     """One collective at a time: each starts once it is issued and the link is free."""
 
@@ -48,6 +32,21 @@ class SerialLink:
         """When a collective issued at `issued` that takes `seconds` is done."""
         self.free = max(issued, self.free) + seconds
         return self.free
+
+
+def after_backward(compute: float, buckets: list[int], world_size: int, alpha: float, beta: float) -> float:
+    """Seconds per step when every all-reduce starts once the backward is done: compute, then the link."""
+    return compute + sum(ring_time(b, world_size, alpha, beta) for b in buckets)
+
+
+def overlapped(forward: float, backward: float, buckets: list[int], world_size: int, alpha: float,
+               beta: float) -> float:
+    """Seconds per step when each bucket (in the order it fills) is all-reduced as soon as its gradients exist."""
+    link, ready, total = SerialLink(), forward, sum(buckets)
+    for size in buckets:
+        ready += backward * size / total  # its share of the backward
+        link.send(ready, ring_time(size, world_size, alpha, beta))
+    return max(forward + backward, link.free)
 
 
 def through_units(start: float, order: list[int], compute: list[float], gather: list[float], link: SerialLink,
