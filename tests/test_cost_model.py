@@ -82,6 +82,20 @@ def test_zero3_step_walks_the_units_on_one_serial_link_by_hand():
         assert zero3_step(2.0, 4.0, [100, 100], 2, 1.0, float("inf"), prefetch=prefetch) == seconds
 
 
+def test_zero3_step_holds_the_link_for_each_collective_s_overhead_too():
+    from dp_helpers.scratch.cost.step_time import zero3_step
+
+    # the same two units with 0.5 s more per collective: 1.5 s each on the link
+    by_hand = {False: 15.0,  # 6 collectives in a row with 6 s of compute
+               True: 11.0}  # the backward's gathers hold the link until 7 s, its two scatters until 11 s
+    for prefetch, seconds in by_hand.items():
+        assert zero3_step(2.0, 4.0, [100, 100], 2, 1.0, float("inf"), prefetch=prefetch, overhead=0.5) == seconds
+    for prefetch in (True, False):  # on 2 ranks a gather or a scatter is one latency step: an overhead adds alike
+        units = [1000, 2 ** 20, 4096]
+        assert zero3_step(0.05, 0.1, units, 2, 0.0, 1e8, prefetch=prefetch, overhead=2e-3) == pytest.approx(
+            zero3_step(0.05, 0.1, units, 2, 2e-3, 1e8, prefetch=prefetch))
+
+
 def test_zero3_step_is_the_compute_on_a_free_link_and_prefetch_never_loses():
     from dp_helpers.scratch.cost.step_time import zero3_step
 

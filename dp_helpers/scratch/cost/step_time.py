@@ -1,10 +1,10 @@
 """A training step's time from its compute and its collectives on a ring (taught in notebook 04, fitted in 09).
 
 Supports: DDP's bucket all-reduces issued after the backward or overlapped with it, and ZeRO-3's gathers and
-reduce-scatters with or without prefetching (notebook 08), on one serial link; a fit of
-the ring's latency alpha and bandwidth beta to measured all-reduce times. Assumes what it says: a bucket's gradients
-take a share of the backward proportional to their bytes, and the link carries one collective at a time. Refuses
-nothing it cannot compute; it does not model contention between ranks for CPU or memory, or a GPU's streams.
+reduce-scatters with or without prefetching, each collective holding the link for a fixed time too (notebook 08), all
+on one serial link; a fit of the ring's latency alpha and bandwidth beta to measured all-reduce times. Assumes what it
+says: a bucket's gradients take a share of the backward proportional to their bytes, and the link carries one
+collective at a time. Refuses nothing it cannot compute; not modelled: contention for CPU or memory, a GPU's streams.
 """
 
 from __future__ import annotations
@@ -66,11 +66,13 @@ def through_units(start: float, order: list[int], compute: list[float], gather: 
 
 
 def zero3_step(forward: float, backward: float, units: list[int], world_size: int, alpha: float, beta: float,
-               prefetch: bool = True) -> float:
+               prefetch: bool = True, overhead: float = 0.0) -> float:
     """Seconds of a ZeRO-3 forward and backward: each unit (bytes) gathered for both, reduce-scattered after its backward."""
+    # overhead: seconds each collective holds the link besides its ring time (behind notebook 04's emulated link,
+    # gloo's own collective runs first, then the ring's time)
     total, link = sum(units), SerialLink()
-    gather = [collective_time("all_gather", n, world_size, alpha, beta) for n in units]
-    scatter = [collective_time("reduce_scatter", n, world_size, alpha, beta) for n in units]
+    gather = [overhead + collective_time("all_gather", n, world_size, alpha, beta) for n in units]
+    scatter = [overhead + collective_time("reduce_scatter", n, world_size, alpha, beta) for n in units]
     order = list(range(len(units)))
     t = through_units(0.0, order, [forward * n / total for n in units], gather, link, prefetch)
     t = through_units(t, order[::-1], [backward * n / total for n in units], gather, link, prefetch, scatter)
