@@ -130,6 +130,20 @@ def test_hung_rank_fails_within_the_process_group_timeout(write_script, tmp_path
     assert info.value.ranks[0] == 0 and "Timed out" in info.value.cause
 
 
+@pytest.mark.long  # fault injection: the long tests
+def test_a_rank_that_starts_late_is_not_a_hang(write_script, tmp_path):
+    script = write_script("""
+        import os, time
+        import torch, torch.distributed as dist
+        from dp_helpers.tool import dist as dph
+        if os.environ["RANK"] == "1":
+            time.sleep(6)  # joins 6 s after rank 0: past the group's 3 s, inside the start-up's wait
+        dph.worker(lambda info: dist.all_reduce(torch.ones(1)))
+        """)
+    result = run_ddp(script, world_size=2, out_dir=tmp_path / "run", env={"DP_PG_TIMEOUT": "3"}, timeout=90)
+    assert result.returncode == 0  # and the collectives keep 3 s: test_hung_rank_fails_within_the_process_group_timeout
+
+
 @pytest.mark.long
 def test_timeout_kills_workers_that_ignore_signals(write_script, tmp_path):
     script, pid_dir = write_script(STUBBORN), tmp_path / "pids"

@@ -26,6 +26,9 @@ from dp_helpers.tool.request import UsageError, env_seconds, resolve_backend
 from dp_helpers.tool.runs import fresh_run_dir
 
 DEFAULT_PG_TIMEOUT_S = 30.0
+# init_process_group's timeout also bounds its wait for the other ranks to arrive, and on a busy machine one rank can
+# finish importing torch seconds after another: measured, a rank 5 s late failed a 3 s group at its start-up
+STARTUP_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -101,13 +104,23 @@ def check_agent_store() -> None:
                          "MASTER_PORT and TORCHELASTIC_* to run alone.") from None
 
 
+def init_then_narrow(init, timeout_s: float, *args, **kwargs):
+    """init(*args, **kwargs) waiting up to STARTUP_S for every rank; then the group's collectives time out in timeout_s."""
+    narrow = getattr(dist.distributed_c10d, "_set_pg_timeout", None)  # torch's own setter (private): where absent,
+    kwargs["timeout"] = timedelta(seconds=max(timeout_s, STARTUP_S) if narrow else timeout_s)  # one timeout for both
+    result = init(*args, **kwargs)
+    if narrow:
+        narrow(timedelta(seconds=timeout_s))
+    return result
+
+
 def init_group(backend: str, rank: int, world_size: int, timeout_s: float) -> None:
     """Join torchrun's group (address in the environment), or form a group of one without torchrun."""
-    timeout = timedelta(seconds=timeout_s)
     if "RANK" in os.environ:
-        dist.init_process_group(backend, timeout=timeout)
+        init_then_narrow(dist.init_process_group, timeout_s, backend)
     else:  # alone: an in-memory store, so a debugger can step through the same DDP code
-        dist.init_process_group(backend, store=dist.HashStore(), rank=rank, world_size=world_size, timeout=timeout)
+        init_then_narrow(dist.init_process_group, timeout_s, backend, store=dist.HashStore(), rank=rank,
+                         world_size=world_size)
 
 
 def setup(backend: str | None = None, timeout_s: float | None = None, run_dir=None) -> DistInfo:

@@ -18,7 +18,6 @@ import json
 import os
 import runpy
 import sys
-from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -28,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.data import DataLoader, DistributedSampler
 
-from dp_helpers.tool.dist import exit_without_finalizing
+from dp_helpers.tool.dist import exit_without_finalizing, init_then_narrow
 from dp_helpers.tool.request import env_seconds
 
 COLLECTIVES = ("all_reduce", "broadcast", "barrier", "all_gather", "all_gather_into_tensor", "all_gather_object",
@@ -75,9 +74,8 @@ def short_timeout(original):
 
     @functools.wraps(original)
     def init(*args, **kwargs):
-        """The original, with the probe's timeout."""
-        kwargs["timeout"] = timedelta(seconds=group_timeout_s())
-        return original(*args, **kwargs)
+        """The original, with the probe's timeout for collectives (the start-up waits longer: init_then_narrow)."""
+        return init_then_narrow(original, group_timeout_s(), *args, **kwargs)
 
     return init
 
