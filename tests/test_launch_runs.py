@@ -131,6 +131,22 @@ def test_hung_rank_fails_within_the_process_group_timeout(write_script, tmp_path
 
 
 @pytest.mark.long  # fault injection: the long tests
+def test_a_rank_still_exiting_after_its_own_exception_keeps_the_blame(write_script, tmp_path):
+    # rank 1 fails first but takes a second to exit (a thread to join); rank 0 then fails as its victim would
+    script = write_script("""
+        import os, threading, time
+        if os.environ["RANK"] == "1":
+            threading.Thread(target=time.sleep, args=(1.0,)).start()
+            raise TimeoutError("Timed out waiting for the peer")
+        time.sleep(0.3)
+        raise RuntimeError("Connection closed by peer")
+        """)
+    with pytest.raises(DistributedRunError) as info:
+        run_ddp(script, world_size=2, out_dir=tmp_path / "run", timeout=60)
+    assert info.value.ranks == (1, 0) and "Timed out waiting for the peer" in info.value.cause
+
+
+@pytest.mark.long  # fault injection: the long tests
 def test_a_rank_that_starts_late_is_not_a_hang(write_script, tmp_path):
     script = write_script("""
         import os, time

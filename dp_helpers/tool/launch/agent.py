@@ -11,7 +11,8 @@ With torchrun's own `--run-path --start-method fork` (what run_ddp passes on a L
 worker is forked from this process, which has imported torch already, and runs the script through runpy: on 2 cores that saves about 2 s of CPU
 per worker per launch. `--run-path` takes a file; with `-m` (torchrun's --module, which --run-path ignores) the target
 here is a module, run as `python -m` would. Each fork starts and ends as a fresh Python would (fresh_python,
-run_target), and torchrun names every worker that had died, not only the first. What a fork cannot undo: every rank
+run_target), and torchrun names every worker that had died, not only the first, and one that had raised and was
+exiting. What a fork cannot undo: every rank
 has the agent's hash seed (the same set order on every rank), and environment variables a script sets before
 `import torch` come too late (torch is imported already).
 """
@@ -30,6 +31,7 @@ from pathlib import Path
 from dp_helpers.tool.files import write_text_atomic
 
 PR_SET_PDEATHSIG = 1
+EXITING_S = 2.0  # how long a worker that has written its error file gets to exit before torchrun stops it
 
 
 def die_with_launcher() -> None:
@@ -69,10 +71,17 @@ def keep_every_failure() -> None:
     poll = api.MultiprocessContext._poll
 
     def every_failure(self):
-        """MultiprocessContext._poll, plus a failure for each worker already dead before it looked."""
+        """MultiprocessContext._poll, plus a failure for each worker already dead before it looked, or exiting."""
         dead = {i: p.exitcode for i, p in enumerate(self._pc.processes) if p.exitcode not in (None, 0)}
         result = poll(self)
-        for i, code in dead.items() if result is not None and result.failures else ():
+        if result is None or not result.failures:
+            return result
+        for i, p in enumerate(self._pc.processes):
+            if i not in dead and i not in result.failures and os.path.isfile(self.error_files[i]):
+                p.join(EXITING_S)  # @record wrote its exception: it is on its way out (seen: a rank that timed out
+                if p.exitcode not in (None, 0):  # was still exiting when its peer's lost connection was polled)
+                    dead[i] = p.exitcode
+        for i, code in dead.items():
             result.failures.setdefault(i, api.ProcessFailure(local_rank=i, pid=self._pc.processes[i].pid,
                                                              exitcode=code, error_file=self.error_files[i]))
         return result
