@@ -1,0 +1,111 @@
+"""Per-step fault tolerance from scratch: a step costs a dead replica's share, not a restart of everyone.
+
+`Replica(model, optimizer, quorum, replica_id)` wraps one replica's training loop:
+- `start_step()` meets the others at the quorum (quorum.py) and, when the membership changed, builds a new gloo group
+  of just those replicas over the same store; a member that lags (it has just started again, or missed a step)
+  receives the model and optimizer state from the member with the most committed steps: healing, not a checkpoint.
+- `step_if_agreed()` after the backward: the gradients averaged over the live members (their sum over the group,
+  divided by how many they are), then `optimizer.step()` only if that all-reduce succeeded. A member that dies
+  mid-step makes it fail on the others: they skip that one step, and the next quorum goes on without the dead one.
+Supports: any model and optimizer (state_dicts), gloo on CPU, one process per replica. Refuses: nothing else checked.
+Not handled: replica groups of several ranks (torchft's DDP or HSDP inside a replica), a replica that reaches the
+store but not its peers (a partition: every all-reduce fails, the step is skipped again and again), a byzantine
+replica (its gradients are averaged in), a parameter without a gradient (averaged as zeros, as here on every rank).
+"""
+
+from __future__ import annotations
+
+import io
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from dp_helpers.scratch.fault_tolerance.quorum import Members, Quorum
+
+
+class Replica:
+    """One replica's side of per-step fault tolerance: quorum, healing, and a step taken only when all agreed."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, quorum: Quorum, replica_id: int,
+                 step_timeout_s: float = 5.0):
+        self.model, self.optimizer, self.quorum, self.id = model, optimizer, quorum, replica_id
+        self.timeout = timedelta(seconds=step_timeout_s)
+        self.step = quorum.first_open_step()  # a replica that starts late meets the others where they are
+        self.committed, self.members, self.group = 0, None, None
+
+    def start_step(self) -> Members:
+        """Meet at the next quorum this replica belongs to; heal if it lags; return the step's members."""
+        while True:
+            members = self.quorum.meet(self.step, self.id, self.committed)
+            if self.id in members.replicas and self.join(members):
+                return members
+            self.step += 1  # arrived after the quorum had closed, or a member failed meanwhile: the next one
+
+    def join(self, members: Members) -> bool:
+        """Build a group of the members if they changed, and heal whoever lags; False if a member failed meanwhile."""
+        try:
+            if self.group is None or members.replicas != self.members.replicas:
+                prefix = dist.PrefixStore(f"group{self.step}/", self.quorum.store)  # a fresh group: fresh keys
+                self.group = dist.ProcessGroupGloo(prefix, members.index(self.id), len(members.replicas), self.timeout)
+            self.members = members
+            if min(members.committed) < max(members.committed):
+                self.heal(members)
+            return True
+        except RuntimeError:  # a member died between the quorum and here (gloo's connect or broadcast failed)
+            self.group = None
+            return False
+
+    def heal(self, members: Members) -> None:
+        """Every member takes part; the one with the most committed steps sends, the laggards load its state."""
+        root = members.index(members.healthy)
+        payload = state_bytes(self.model, self.optimizer) if self.id == members.healthy else torch.empty(0, dtype=torch.uint8)
+        size = torch.tensor([payload.numel()])
+        self.group.broadcast(size, root).wait()
+        payload = payload if self.id == members.healthy else torch.empty(int(size), dtype=torch.uint8)
+        self.group.broadcast(payload, root).wait()
+        if self.committed < max(members.committed):
+            load_state(self.model, self.optimizer, payload)
+            self.committed = max(members.committed)
+
+    def step_if_agreed(self) -> bool:
+        """Average the gradients over the step's members, then step the optimizer; False (no step) if a member failed."""
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.model.parameters()]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        try:
+            self.group.allreduce([flat]).wait()
+        except RuntimeError:  # a peer died or timed out: nobody trusts this step's sum
+            self.group, self.step = None, self.step + 1
+            return False
+        flat /= len(self.members.replicas)
+        offset = 0
+        for p, g in zip(self.model.parameters(), grads, strict=True):
+            p.grad = g.copy_(flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+        self.optimizer.step()
+        self.committed, self.step = self.committed + 1, self.step + 1
+        return True
+
+
+def replay(model: nn.Module, optimizer: torch.optim.Optimizer, loss_of, schedule) -> None:
+    """The one-process reference: for each (step, members) that committed, the members' mean gradient, one step."""
+    for step, members in schedule:
+        optimizer.zero_grad()
+        for replica in members:
+            (loss_of(model, step, replica) / len(members)).backward()
+        optimizer.step()
+
+
+def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> torch.Tensor:
+    """The model's and the optimizer's state_dicts, serialised into one byte tensor."""
+    buffer = io.BytesIO()
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, buffer)
+    return torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+
+
+def load_state(model: nn.Module, optimizer: torch.optim.Optimizer, payload: torch.Tensor) -> None:
+    """Load what state_bytes sent."""
+    state = torch.load(io.BytesIO(payload.numpy().tobytes()), weights_only=True)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
