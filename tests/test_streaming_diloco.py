@@ -1,0 +1,127 @@
+"""dp_helpers.scratch.communicating_less.streaming_diloco: the fragments, the refusals, and 2 ranks against DiLoCo and
+against a one-process emulation of the same schedule (a rank pool)."""
+
+import pytest
+import torch
+from torch import nn
+
+from dp_helpers.scratch.communicating_less.streaming_diloco import StreamingDiLoCo, split_evenly
+
+STEPS, WORLD = 6, 2
+
+
+def model(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1))  # 96 + 16 + 16 + 1 values
+
+
+def data(rank: int) -> list:
+    """This rank's own batches."""
+    gen = torch.Generator().manual_seed(20 + rank)
+    return [(torch.randn(8, 6, generator=gen), torch.randn(8, 1, generator=gen)) for _ in range(STEPS)]
+
+
+def adamw(params):
+    return torch.optim.AdamW(params, lr=0.01, weight_decay=0.1)
+
+
+@pytest.mark.parametrize("sizes", [[96, 16, 16, 1], [100] * 8, [1, 1000, 1, 1, 1000], [5, 5, 5], list(range(1, 30))])
+def test_fragments_cover_every_tensor_in_order_and_near_evenly(sizes):
+    for parts in range(1, len(sizes) + 1):
+        fragments = split_evenly(sizes, parts)
+        assert len(fragments) == parts and all(fragments)
+        assert [i for f in fragments for i in f] == list(range(len(sizes)))
+        assert max(sum(sizes[i] for i in f) for f in fragments) <= sum(sizes) / parts + max(sizes)
+
+
+def test_equal_tensors_make_equal_fragments():
+    assert [sum(100 for _ in f) for f in split_evenly([100] * 8, 4)] == [200] * 4
+
+
+@pytest.mark.parametrize(("kwargs", "says"), [({"fragments": 0}, "fragments"), ({"fragments": 5}, "fragments"),
+                                              ({"period": 2, "fragments": 3}, "fragments"),
+                                              ({"delay": 2}, "delay"), ({"delay": -1}, "delay"),
+                                              ({"alpha": 1.5}, "alpha")])
+def test_a_schedule_that_cannot_run_is_refused_before_any_collective(kwargs, says):
+    m = model(0)  # no process group here: a refusal that reached DiLoCo's broadcast would fail otherwise
+    with pytest.raises(ValueError, match=says):
+        StreamingDiLoCo(m, adamw(m.parameters()), **{"period": 4, "fragments": 2, **kwargs})
+
+
+def ranks_train(info, period: int, fragments: int, delay: int, alpha: float) -> dict:
+    from dp_helpers.scratch.communicating_less.local_sgd import DiLoCo
+
+    out = {}
+    for name, make in (("DiLoCo", lambda m: DiLoCo(m, adamw(m.parameters()), period)),
+                       ("streaming", lambda m: StreamingDiLoCo(m, adamw(m.parameters()), period, fragments, delay,
+                                                               alpha))):
+        m = model(info.rank)
+        method = make(m)
+        for x, y in data(info.rank):
+            method.zero_grad()
+            nn.functional.mse_loss(m(x), y).backward()
+            method.step()
+        method.finish()
+        out[name] = {k: v.clone() for k, v in m.state_dict().items()}
+        out[name + " sent"], out[name + " largest"] = method.sent, getattr(method, "largest", None)
+    return out
+
+
+class Emulation:
+    """Streaming DiLoCo in one process: WORLD workers from rank 0's start take turns; a fragment's mean lands later."""
+
+    def __init__(self, period: int, fragments: int, delay: int, alpha: float):
+        self.workers = [model(0) for _ in range(WORLD)]
+        self.inner = [adamw(w.parameters()) for w in self.workers]
+        self.agreed = [p.detach().clone() for p in self.workers[0].parameters()]
+        self.outer = torch.optim.SGD(self.agreed, lr=0.7, momentum=0.9, nesterov=True)
+        self.parts = split_evenly([p.numel() for p in self.agreed], fragments)
+        self.period, self.delay, self.alpha, self.pending = period, delay, alpha, {}
+
+    @torch.no_grad()
+    def mean_delta(self, f: int) -> list:
+        return [sum((self.agreed[i] - list(w.parameters())[i]) / WORLD for w in self.workers) for i in self.parts[f]]
+
+    @torch.no_grad()
+    def land(self, f: int, alpha: float) -> None:
+        for i, d in zip(self.parts[f], self.pending.pop(f)[1], strict=True):
+            self.agreed[i].grad = d
+        self.outer.step()
+        for w in self.workers:
+            for i in self.parts[f]:
+                p = list(w.parameters())[i]
+                p.copy_(alpha * p + (1 - alpha) * self.agreed[i])
+                self.agreed[i].grad = None
+
+    def run(self) -> dict:
+        sent = dict.fromkeys(range(len(self.parts)), 0)
+        for step in range(1, STEPS + 1):
+            for r, (w, opt) in enumerate(zip(self.workers, self.inner, strict=True)):
+                x, y = data(r)[step - 1]
+                opt.zero_grad()
+                nn.functional.mse_loss(w(x), y).backward()
+                opt.step()
+            for f in range(len(self.parts)):  # fragment f is due after steps floor(H (f+1) / P) + kH
+                if step % self.period == self.period * (f + 1) // len(self.parts) % self.period:
+                    self.pending[f], sent[f] = (step + self.delay, self.mean_delta(f)), step
+            for f in [f for f, (lands, _) in self.pending.items() if lands == step]:
+                self.land(f, self.alpha)
+        for f in list(self.pending):  # the end: what is in flight lands, then each fragment trained since it was sent
+            self.land(f, self.alpha)
+        for f in (f for f in range(len(self.parts)) if sent[f] < STEPS):
+            self.pending[f] = (None, self.mean_delta(f))
+            self.land(f, 0.0)
+        return {k: v.clone() for k, v in dict(zip(self.workers[0].state_dict(), self.agreed, strict=True)).items()}
+
+
+@pytest.mark.slow
+def test_streaming_diloco_equals_diloco_with_one_fragment_and_its_emulation_with_two(pools):
+    psi = sum(p.numel() for p in model(0).parameters())
+    for rank in pools.get(WORLD).run(ranks_train, 3, 1, 0, 0.0):  # one fragment, no delay: DiLoCo itself
+        torch.testing.assert_close(rank["streaming"], rank["DiLoCo"], rtol=0, atol=0)
+        assert rank["streaming sent"] == rank["DiLoCo sent"] == 2 * psi
+    for rank in pools.get(WORLD).run(ranks_train, 4, 2, 1, 0.5):  # sent after steps 2, 4, 6; landing one step later
+        torch.testing.assert_close(rank["streaming"], Emulation(4, 2, 1, 0.5).run())
+        assert rank["streaming largest"] == 96  # the first layer's weight: 96 of the 129 values DiLoCo sends at once
+        # sent after steps 2 (96), 4 (33) and 6 (96), then the second fragment once more at the end
+        assert rank["streaming sent"] == 96 + 33 + 96 + 33
