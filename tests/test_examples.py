@@ -1,6 +1,7 @@
 """examples/: the scripts a learner takes home are plain PyTorch, run under bare torchrun, and equal one device."""
 
 import ast
+import json
 import os
 import runpy
 import subprocess
@@ -19,12 +20,12 @@ def test_nothing_comes_from_the_course(name):
     tree = ast.parse((EXAMPLES / name).read_text())
     modules = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     modules |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    plain = {"argparse", "contextlib", "gc", "math", "os", "pathlib", "shutil", "sys", "datetime", "torch"}
+    plain = {"argparse", "contextlib", "gc", "json", "math", "os", "pathlib", "shutil", "sys", "datetime", "time", "torch"}
     plain |= {p.stem for p in EXAMPLES.glob("*.py")}  # one example may take another's model and data
     assert modules and all(m.split(".")[0] in plain for m in modules), modules
 
 
-@pytest.mark.parametrize("name", ["train_ddp.py", "train_ddp_real.py", "train_fsdp.py"])
+@pytest.mark.parametrize("name", ["train_ddp.py", "train_ddp_real.py", "train_fsdp.py", "checkpoint_async.py"])
 def test_without_torchrun_it_says_how_to_start_it(monkeypatch, name):
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     monkeypatch.setattr(sys, "argv", [name])
@@ -146,6 +147,56 @@ def test_the_fsdp_script_resumes_from_complete_snapshots_only(tmp_path):
         (tmp_path / name).mkdir()
     assert latest(str(tmp_path)) == (tmp_path / "step-10", 10)
 
+
+
+def checkpointing(tmp_path, *args: str, fails: bool = False) -> subprocess.CompletedProcess:
+    """examples/checkpoint_async.py under bare torchrun on 2 gloo processes, in tmp_path; its JSON line read back."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(EXAMPLES / "checkpoint_async.py"), "--steps", "20", *args], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert (done.returncode != 0) == fails, done.stderr[-3000:]
+    done.report = None if fails else json.loads(done.stdout.splitlines()[-1])
+    return done
+
+
+@pytest.mark.long
+@pytest.mark.slow
+def test_an_async_checkpoint_stalls_less_and_resumes_as_a_synchronous_one(tmp_path):
+    stalled = {}
+    for mode in ("sync", "async"):  # one save at step 10 to a disk 0.5 s slow, then a resume to step 20
+        first = checkpointing(tmp_path, "--mode", mode, "--checkpoint", mode, "--save-every", "10", "--stop-after",
+                              "10", "--slow-disk", "0.5")
+        stalled[mode] = max(first.report["stalled_s"])
+        resumed = checkpointing(tmp_path, "--mode", mode, "--checkpoint", mode, "--save-every", "10", "--out",
+                                f"{mode}.pt")
+        assert resumed.stdout.startswith("resumed at step 11") and resumed.report["steps"] == 10
+    checkpointing(tmp_path, "--save-every", "100", "--out", "uninterrupted.pt")
+    weights = torch.load(tmp_path / "uninterrupted.pt")
+    for mode in ("sync", "async"):  # Adam's moments came back too: bit for bit the run that never stopped
+        torch.testing.assert_close(torch.load(tmp_path / f"{mode}.pt"), weights, rtol=0, atol=0)
+    assert stalled["sync"] >= 0.5 and stalled["async"] < 0.5 * stalled["sync"], stalled
+
+
+@pytest.mark.long
+@pytest.mark.slow
+def test_rank0_saving_alone_times_the_others_out_and_an_async_save_does_not(tmp_path):
+    slow = ("--save-every", "10", "--slow-disk", "4", "--timeout", "2")  # a save twice as long as the group waits
+    failed = checkpointing(tmp_path, "--mode", "rank0", "--checkpoint", "r0", *slow, fails=True)
+    assert "Timed out" in failed.stderr and "[rank1]" in failed.stderr
+    assert checkpointing(tmp_path, "--mode", "async", "--checkpoint", "as", *slow).report["steps"] == 20
+
+
+def test_a_checkpoint_counts_once_it_is_complete(tmp_path):
+    latest = runpy.run_path(str(EXAMPLES / "checkpoint_async.py"))["latest"]
+    assert latest(tmp_path) == (None, 0)
+    for name in ("step-5", "step-10", "step-15"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "step-10" / ".metadata").touch()  # DCP writes it last: step 5 and 15 were being written
+    (tmp_path / "step-12.tmp").touch()
+    assert latest(tmp_path) == (tmp_path / "step-10", 10)
+    (tmp_path / "step-12.tmp").rename(tmp_path / "step-12.pt")
+    assert latest(tmp_path) == (tmp_path / "step-12.pt", 12)
 
 
 # On a CUDA GPU (tests/gpu_check.sh): one rank per GPU on nccl, and fp16 with its GradScaler, which the scripts run
