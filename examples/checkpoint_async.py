@@ -1,7 +1,7 @@
 """Checkpoints that do not stall training: DDP saving with DCP's async_save, against a synchronous save.
 
-    torchrun --standalone --nproc-per-node 2 checkpoint_async.py --mode async --checkpoint ck --slow-disk 0.5
-    torchrun --standalone --nproc-per-node 2 checkpoint_async.py --mode async --checkpoint ck   # resumes
+    torchrun --standalone --nproc-per-node 2 checkpoint_async.py --mode async --slow-disk 0.5
+    torchrun --standalone --nproc-per-node 2 checkpoint_async.py --mode async   # again: it resumes
 
 --mode sync: every rank waits in dcp.save until its shard is on disk. --mode async: dcp.async_save copies the state to
 CPU memory and returns; a thread writes it while training goes on, over a gloo group of its own. --mode rank0: the
@@ -58,7 +58,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--save-every", type=int, default=5)
     parser.add_argument("--stop-after", type=int, default=None, help="stop after this many steps (to resume later)")
-    parser.add_argument("--checkpoint", default="ck", help="a folder: step-N in it, resumed from the newest complete one")
+    parser.add_argument("--checkpoint", default="ck_async", help="a folder: step-N in it, resumed from the newest complete one")
     parser.add_argument("--slow-disk", type=float, default=0.0, help="seconds added to each rank's write")
     parser.add_argument("--batch-size", type=int, default=32, help="samples per step, per process")
     parser.add_argument("--timeout", type=float, default=60, help="seconds a collective waits for the others")
