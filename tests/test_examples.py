@@ -25,7 +25,7 @@ def test_nothing_comes_from_the_course(name):
     assert modules and all(m.split(".")[0] in plain for m in modules), modules
 
 
-@pytest.mark.parametrize("name", ["train_ddp.py", "train_ddp_real.py", "train_fsdp.py", "checkpoint_async.py"])
+@pytest.mark.parametrize("name", ["train_ddp.py", "train_ddp_real.py", "train_fsdp.py", "checkpoint_async.py", "train_elastic.py"])
 def test_without_torchrun_it_says_how_to_start_it(monkeypatch, name):
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     monkeypatch.setattr(sys, "argv", [name])

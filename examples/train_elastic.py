@@ -1,0 +1,108 @@
+"""A job that shrinks and grows: DDP under torchrun with a range of nodes, resuming from a checkpoint each time.
+
+    # one agent per node (here two on one machine), a rendezvous store both reach, 1 to 2 nodes:
+    torchrun --nnodes 1:2 --nproc-per-node 1 --max-restarts 3 --rdzv-backend c10d --rdzv-endpoint HOST:PORT \
+        --rdzv-id job train_elastic.py --global-batch-size 8
+
+When a node dies, the survivors' workers fail in their next all-reduce; their agent restarts them (one of its
+--max-restarts: each agent counts its own), the rendezvous closes with the nodes still there, and the script resumes
+from the last step rank 0 saved. When a node comes back, the agents restart their workers to let it in (that restart
+is not counted). The global batch stays --global-batch-size: each of the W ranks takes its W-th of every step's rows,
+so the weights are the ones one process with the whole batch would reach, whatever W each step had.
+"""
+
+import argparse
+import gc
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def make_model(seed: int = 0, features: int = 16) -> nn.Module:
+    """A small MLP: replace with your own model."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(features, 32), nn.Tanh(), nn.Linear(32, 1))
+
+
+def global_batch(step: int, size: int, features: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every rank draws the step's whole global batch alike, then keeps its own rows."""
+    g = torch.Generator().manual_seed(step)
+    x = torch.randn(size, features, generator=g)
+    return x, torch.tanh(x @ torch.linspace(-0.5, 0.5, features)).unsqueeze(1)  # a rule the model can learn
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--global-batch-size", type=int, default=8, help="rows per step over all ranks, kept")
+    parser.add_argument("--lr", type=float, default=0.02)
+    parser.add_argument("--checkpoint", default="elastic.pt", help="rank 0 saves here after every step")
+    parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep in each step (time to kill a node)")
+    parser.add_argument("--timeout", type=float, default=30, help="seconds a collective waits for the others")
+    parser.add_argument("--out", default=None, help="write the final weights here (rank 0)")
+    return parser.parse_args()
+
+
+def resume(model: DDP, optimizer, path: Path) -> int:
+    """Every rank loads the last step rank 0 saved; the step to start from."""
+    if not path.exists():
+        return 0
+    saved = torch.load(path, map_location="cpu")
+    model.module.load_state_dict(saved["model"])
+    optimizer.load_state_dict(saved["optimizer"])
+    return saved["step"]
+
+
+def save(model: DDP, optimizer, step: int, path: Path) -> None:
+    """Rank 0 writes a new file and renames it into place: a node that dies mid-write leaves the old one whole."""
+    tmp = path.with_suffix(".tmp")
+    torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, tmp)
+    tmp.replace(path)
+
+
+def main() -> None:
+    args = parse_args()
+    if "LOCAL_RANK" not in os.environ:
+        sys.exit("start me with torchrun: torchrun --standalone --nproc-per-node 2 train_elastic.py")
+    dist.init_process_group("gloo", timeout=timedelta(seconds=max(args.timeout, 60)))  # CPU: see train_ddp.py for GPUs
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    if args.global_batch_size % world_size:
+        sys.exit(f"--global-batch-size {args.global_batch_size} does not split over {world_size} ranks.")
+    per_rank, restarts = args.global_batch_size // world_size, os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    print(f"[rank {rank}/{world_size}] started; this rank's agent has restarted its workers {restarts} times",
+          flush=True)
+    group = dist.new_group(timeout=timedelta(seconds=args.timeout))
+    model = DDP(make_model(), process_group=group)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)  # momentum: state that must resume
+    path = Path(args.checkpoint)
+    start = resume(model, optimizer, path)
+    if rank == 0:
+        print(f"steps {start + 1}-{args.steps} on {world_size} ranks: global batch {args.global_batch_size} = "
+              f"{world_size} x {per_rank}", flush=True)
+    for step in range(start, args.steps):
+        x, y = global_batch(step, args.global_batch_size)
+        mine = slice(rank * per_rank, (rank + 1) * per_rank)
+        optimizer.zero_grad()
+        loss = nn.functional.mse_loss(model(x[mine]), y[mine])
+        loss.backward()  # the mean over ranks of equal shares: the gradient of the whole batch's mean loss
+        optimizer.step()
+        if rank == 0:
+            save(model, optimizer, step + 1, path)
+            print(f"step {step + 1}/{args.steps} on {world_size} ranks  loss {loss.item():.4f}", flush=True)
+        time.sleep(args.step_seconds)
+    if rank == 0 and args.out:
+        torch.save(model.module.state_dict(), args.out)
+    del model, optimizer  # free DDP before its groups (see train_ddp.py)
+    gc.collect()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
