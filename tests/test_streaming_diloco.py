@@ -1,11 +1,16 @@
 """dp_helpers.scratch.communicating_less.streaming_diloco: the fragments, the refusals, and 2 ranks against DiLoCo and
 against a one-process emulation of the same schedule (a rank pool)."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch import nn
 
 from dp_helpers.scratch.communicating_less.streaming_diloco import StreamingDiLoCo, split_evenly
+from tests.conftest import REPO
 
 STEPS, WORLD = 6, 2
 
@@ -15,10 +20,10 @@ def model(seed: int) -> nn.Module:
     return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1))  # 96 + 16 + 16 + 1 values
 
 
-def data(rank: int) -> list:
+def data(rank: int, steps: int = STEPS) -> list:
     """This rank's own batches."""
     gen = torch.Generator().manual_seed(20 + rank)
-    return [(torch.randn(8, 6, generator=gen), torch.randn(8, 1, generator=gen)) for _ in range(STEPS)]
+    return [(torch.randn(8, 6, generator=gen), torch.randn(8, 1, generator=gen)) for _ in range(steps)]
 
 
 def adamw(params):
@@ -38,6 +43,13 @@ def test_equal_tensors_make_equal_fragments():
     assert [sum(100 for _ in f) for f in split_evenly([100] * 8, 4)] == [200] * 4
 
 
+def test_fragment_modules_must_hold_every_trained_parameter_once():
+    m = model(0)
+    for modules in ([m[0]], [m[0], m[0], m[2]], [m[0], m]):
+        with pytest.raises(ValueError, match="every trained parameter"):
+            StreamingDiLoCo(m, adamw(m.parameters()), 4, modules)
+
+
 @pytest.mark.parametrize(("kwargs", "says"), [({"fragments": 0}, "fragments"), ({"fragments": 5}, "fragments"),
                                               ({"period": 2, "fragments": 3}, "fragments"),
                                               ({"delay": 2}, "delay"), ({"delay": -1}, "delay"),
@@ -48,23 +60,25 @@ def test_a_schedule_that_cannot_run_is_refused_before_any_collective(kwargs, say
         StreamingDiLoCo(m, adamw(m.parameters()), **{"period": 4, "fragments": 2, **kwargs})
 
 
-def ranks_train(info, period: int, fragments: int, delay: int, alpha: float) -> dict:
+def ranks_train(info, period: int, fragments, delay: int, alpha: float, steps: int = STEPS) -> dict:
     from dp_helpers.scratch.communicating_less.local_sgd import DiLoCo
 
     out = {}
     for name, make in (("DiLoCo", lambda m: DiLoCo(m, adamw(m.parameters()), period)),
-                       ("streaming", lambda m: StreamingDiLoCo(m, adamw(m.parameters()), period, fragments, delay,
-                                                               alpha))):
+                       ("streaming", lambda m: StreamingDiLoCo(m, adamw(m.parameters()), period,
+                                                               [m[0], m[2]] if fragments == "layers" else fragments,
+                                                               delay, alpha))):
         m = model(info.rank)
         method = make(m)
-        for x, y in data(info.rank):
+        for x, y in data(info.rank, steps):
             method.zero_grad()
             nn.functional.mse_loss(m(x), y).backward()
             method.step()
+        out[name + " before finish"] = {k: v.clone() for k, v in m.state_dict().items()}
         method.finish()
         out[name] = {k: v.clone() for k, v in m.state_dict().items()}
         out[name + " sent"], out[name + " largest"] = method.sent, getattr(method, "largest", None)
-    return out
+    return {**out, "rank": info.rank}
 
 
 class Emulation:
@@ -101,8 +115,8 @@ class Emulation:
                 opt.zero_grad()
                 nn.functional.mse_loss(w(x), y).backward()
                 opt.step()
-            for f in range(len(self.parts)):  # fragment f is due after steps floor(H (f+1) / P) + kH
-                if step % self.period == self.period * (f + 1) // len(self.parts) % self.period:
+            for f in range(len(self.parts)):  # fragment f lands after steps floor(H (f+1) / P) + kH, sent delay before
+                if step % self.period == (self.period * (f + 1) // len(self.parts) - self.delay) % self.period:
                     self.pending[f], sent[f] = (step + self.delay, self.mean_delta(f)), step
             for f in [f for f, (lands, _) in self.pending.items() if lands == step]:
                 self.land(f, self.alpha)
@@ -120,8 +134,23 @@ def test_streaming_diloco_equals_diloco_with_one_fragment_and_its_emulation_with
     for rank in pools.get(WORLD).run(ranks_train, 3, 1, 0, 0.0):  # one fragment, no delay: DiLoCo itself
         torch.testing.assert_close(rank["streaming"], rank["DiLoCo"], rtol=0, atol=0)
         assert rank["streaming sent"] == rank["DiLoCo sent"] == 2 * psi
-    for rank in pools.get(WORLD).run(ranks_train, 4, 2, 1, 0.5):  # sent after steps 2, 4, 6; landing one step later
+    for rank in pools.get(WORLD).run(ranks_train, 4, 2, 1, 0.5):  # sent after steps 1, 3, 5; landing one step later
         torch.testing.assert_close(rank["streaming"], Emulation(4, 2, 1, 0.5).run())
         assert rank["streaming largest"] == 96  # the first layer's weight: 96 of the 129 values DiLoCo sends at once
-        # sent after steps 2 (96), 4 (33) and 6 (96), then the second fragment once more at the end
-        assert rank["streaming sent"] == 96 + 33 + 96 + 33
+        # sent after steps 1 (96), 3 (33) and 5 (96); at the end both once more (each trained since it was sent)
+        assert rank["streaming sent"] == 96 + 33 + 96 + 96 + 33
+
+
+@pytest.mark.long
+@pytest.mark.slow
+def test_streaming_diloco_equals_torchfts_on_the_same_layers_and_schedule(pools, tmp_path):
+    pytest.importorskip("torchft", reason="torchft (optional, torch >= 2.7) is the reference here: pip install torchft")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    ran = subprocess.run([sys.executable, str(REPO / "tests" / "torchft_reference.py"), str(tmp_path / "ft.pt"), "4",
+                          "1", "0.5", "8"], env=env, capture_output=True, text=True, timeout=180)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    theirs = torch.load(tmp_path / "ft.pt")
+    # the two layers as fragments, H = 4, sent one step before they land, half the local weights kept; 8 steps
+    for rank in pools.get(WORLD).run(ranks_train, 4, "layers", 1, 0.5, 8):
+        # torchft averages after the sum (ReduceOp.AVG), the course divides first: the last bits may differ
+        torch.testing.assert_close(rank["streaming before finish"], theirs[rank["rank"]], rtol=1e-5, atol=1e-6)

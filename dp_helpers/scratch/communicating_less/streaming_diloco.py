@@ -1,16 +1,18 @@
 """Streaming DiLoCo from scratch: DiLoCo whose outer step moves one fragment of the parameters at a time (its notebook is still to be written).
 
-The trained parameters are split into P contiguous fragments of about equal size. Fragment f is due every H steps,
-at its own offset (torchft's schedule: after steps floor(H (f+1) / P) + kH, counted from 1), so each synchronisation
-sends about 1/P of the values DiLoCo sends at once (Douillard et al. 2025, arXiv 2501.18512). When a fragment is
-due, its pseudo-gradient (agreed - local) leaves in an all-reduce that does not block; the inner steps go on, and
-`delay` steps later (tau in the paper) the sum arrives, the outer optimizer steps that fragment's agreed weights, and
-each rank keeps `alpha` of its own weights for it and takes 1 - alpha of the agreed ones (alpha = 0: the agreed
-weights, as DiLoCo and torchft do). With one fragment and no delay it is DiLoCo, value for value.
+The trained parameters are split into P fragments: P contiguous runs of about equal size, or the modules you name
+(a transformer's blocks, say). Fragment f lands every H steps, after steps (f+1) H/P + kH (floor, counted from 1),
+so each synchronisation sends about 1/P of the values DiLoCo sends at once (Douillard et al. 2025, arXiv
+2501.18512). Its pseudo-gradient (agreed - local) leaves `delay` steps earlier (tau in the paper) in an all-reduce
+that does not block; the inner steps go on meanwhile, and when it lands the outer optimizer steps that fragment's
+agreed weights and each rank keeps `alpha` of its own weights for it, taking 1 - alpha of the agreed ones (alpha = 0:
+the agreed weights, as DiLoCo does). This is torchft 0.2.0's schedule and merge (tests/test_streaming_diloco.py runs
+both); with one fragment and no delay it is DiLoCo, value for value.
 Supports what DiLoCo supports (any model and inner optimizer, a plain model inside a process group). Refuses:
-fragments < 1 or more than the trained parameter tensors or than H, delay < 0 or >= H // fragments (a fragment
-must land before another is sent), alpha outside [0, 1]. `finish()` waits for what is in flight and then
-synchronises every fragment at once, so the ranks end on the same weights. Not handled: what DiLoCo does not.
+fewer than one fragment or more than the trained parameter tensors or than H, modules that do not hold every trained
+parameter exactly once, delay < 0 or >= H // fragments (a fragment must land before it is sent again), alpha outside
+[0, 1]. `finish()` lands what is in flight and then synchronises each fragment trained since it was sent, so the
+ranks end on the same weights. Not handled: what DiLoCo does not.
 """
 
 from __future__ import annotations
@@ -39,16 +41,18 @@ def split_evenly(sizes: list[int], parts: int) -> list[list[int]]:
 class StreamingDiLoCo(DiLoCo):
     """Call step() instead of the inner optimizer's: each fragment's outer step is sent when due and lands `delay` steps later."""
 
-    def __init__(self, module: nn.Module, inner: torch.optim.Optimizer, period: int, fragments: int = 2,
+    def __init__(self, module: nn.Module, inner: torch.optim.Optimizer, period: int, fragments=2,
                  delay: int = 0, alpha: float = 0.0, outer_lr: float = 0.7, outer_momentum: float = 0.9):
         trained = [p for p in module.parameters() if p.requires_grad]
-        check(len(trained), period, fragments, delay, alpha)  # before DiLoCo's broadcast: every rank refuses alike
+        # refused before DiLoCo's broadcast: every rank refuses alike, before any collective
+        check(len(trained), period, fragments if isinstance(fragments, int) else len(fragments), delay, alpha)
+        parts = fragment_indices(trained, fragments)
         super().__init__(module, inner, period, outer_lr, outer_momentum)
-        self.fragments = split_evenly([p.numel() for p in self.params], fragments)
-        self.offsets = [(period * (f + 1) // fragments) % period for f in range(fragments)]
-        self.delay, self.alpha = delay, alpha
+        self.fragments, self.delay, self.alpha = parts, delay, alpha
+        # fragment f lands after steps floor(H (f+1) / P) + kH and is sent `delay` steps before
+        self.offsets = [(period * (f + 1) // len(parts) - delay) % period for f in range(len(parts))]
         self.in_flight = {}  # fragment -> (the step its sum lands at, the all-reduce's work, its flat buffer)
-        self.last_sent = [0] * fragments  # the step each fragment was last sent after
+        self.last_sent = [0] * len(parts)  # the step each fragment was last sent after
         self.largest = 0  # the most values one synchronisation sent
 
     def step(self) -> None:
@@ -100,6 +104,17 @@ class StreamingDiLoCo(DiLoCo):
     def outer_step(self) -> None:
         """Not used: the fragments step one at a time."""
         raise NotImplementedError("StreamingDiLoCo steps fragments in land(); DiLoCo's outer_step is not called.")
+
+
+def fragment_indices(trained: list, fragments) -> list[list[int]]:
+    """The trained parameters' indices per fragment: `fragments` even runs, or the parameters of each module given."""
+    if isinstance(fragments, int):
+        return split_evenly([p.numel() for p in trained], fragments)
+    position = {id(p): i for i, p in enumerate(trained)}
+    parts = [[position.get(id(p), -1) for p in m.parameters() if p.requires_grad] for m in fragments]
+    if sorted(i for part in parts for i in part) != list(range(len(trained))) or not all(parts):
+        raise ValueError("StreamingDiLoCo's fragment modules must hold every trained parameter of the model once.")
+    return parts
 
 
 def check(tensors: int, period: int, fragments: int, delay: int, alpha: float) -> None:
