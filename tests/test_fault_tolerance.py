@@ -1,6 +1,9 @@
 """Per-step fault tolerance from scratch: the quorum's agreement, the survivors' average, healing."""
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -14,6 +17,7 @@ from dp_helpers.scratch.fault_tolerance.quorum import Quorum
 from dp_helpers.scratch.fault_tolerance.replica import replay
 from dp_helpers.scripts.fault_tolerant import batch, model_and_optimizer
 from dp_helpers.tool.launch.replicas import run_replicas
+from tests.conftest import REPO
 
 SCRIPT = Path(__file__).resolve().parents[1] / "dp_helpers" / "scripts" / "fault_tolerant.py"
 
@@ -111,3 +115,24 @@ def test_a_killed_replica_costs_its_share_and_comes_back_bitwise(tmp_path):
     torch.testing.assert_close(weights(prefix, 0), replayed([(r["step"], tuple(r["members"])) for r in survivor]))
     for name, value in weights(prefix, 0).items():
         assert torch.equal(value, weights(prefix, 1)[name]) and torch.equal(value, weights(prefix, 2)[name])
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_torchft_itself_leaves_the_failed_replica_out_and_heals_it_as_the_course_does(tmp_path):
+    pytest.importorskip("torchft", reason="torchft (optional, torch >= 2.7) is the reference here: pip install torchft")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    ran = subprocess.run([sys.executable, str(REPO / "tests" / "torchft_reference.py"), str(tmp_path / "ft.pt"), "fault",
+                          "30", "5"], env=env, capture_output=True, text=True, timeout=240)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    (first, first_done), (second, second_done), (third, third_done) = torch.load(tmp_path / "ft.pt", weights_only=False)
+    back = second_done.index(("second life", None))
+    rejoined, lives = second_done[back + 1][0], (first_done, second_done[:back] + second_done[back + 1:], third_done)
+    members = {s: tuple(r for r in range(3) if (s, True) in lives[r]) for s in range(30)}
+    assert second_done[:back] == [(s, True) for s in range(5)]  # its first life: steps 0-4, then the failure
+    assert 5 < rejoined < 30 and all(members[s] == (0, 2) for s in range(5, rejoined))  # left out, no step lost
+    assert all(members[s] == (0, 1, 2) for s in (*range(5), *range(rejoined, 30)))  # healed, then counted at once
+    # torchft's average (ReduceOp.AVG: summed, then divided) against the replay's mean of losses: rounding apart
+    torch.testing.assert_close(first, replayed(sorted(members.items())), rtol=1e-5, atol=1e-6)
+    for name, value in first.items():  # the one that came back with other weights ends bit for bit the survivors'
+        assert torch.equal(value, second[name]) and torch.equal(value, third[name])

@@ -11,6 +11,8 @@ Supports: any model and optimizer (state_dicts), gloo on CPU, one process per re
 Not handled: replica groups of several ranks (torchft's DDP or HSDP inside a replica), a replica that reaches the
 store but not its peers (a partition: every all-reduce fails, the step is skipped again and again), a byzantine
 replica (its gradients are averaged in), a parameter without a gradient (averaged as zeros, as here on every rank).
+torchft 0.2.0 (Manager, OptimizerWrapper) does the same in the same case: a replica that fails before step 5 is left
+out until it heals from a peer and counts again in that step (tests/test_fault_tolerance.py runs both).
 """
 
 from __future__ import annotations
