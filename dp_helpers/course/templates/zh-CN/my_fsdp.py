@@ -275,7 +275,7 @@ def main() -> None:
 
     if last == args.steps:
         save_full_weights(model, args, alphabet, rank)
-    del model, optimizer  # free the sharded model before its group, as train_ddp.py does for DDP
+    del model, optimizer, mesh  # free the sharded model and its mesh before their groups, as train_ddp.py does for DDP
     gc.collect()
     dist.destroy_process_group()
 
