@@ -5,7 +5,7 @@ accuracy_bytes.json: for each method, the bytes it handed to collectives by the 
 accuracy of rank 0's weights after each epoch and rank 0's final weights. Every method trains the digits CNN from the same start on the same
 shards: DDP, DDP with the fp16 hook, our PowerSGD hook (with and without error feedback) and torch's
 (SGD with momentum); local SGD (the same SGD, parameters averaged every H steps: ours, and torch's
-PeriodicModelAverager); DiLoCo (inner AdamW, outer Nesterov SGD every H steps).
+PeriodicModelAverager); DiLoCo (inner AdamW, outer Nesterov SGD every H steps); Streaming DiLoCo when asked for.
 """
 
 from __future__ import annotations
@@ -99,9 +99,26 @@ def local_sgd(model: nn.Module, method: str, opt: torch.optim.Optimizer):
     return model, lambda: (opt.step(), averager.average_parameters(model.parameters())), opt.zero_grad, lambda: None
 
 
+def streaming(method: str, cfg: Config, device: torch.device):
+    """Streaming DiLoCo (notebook 11), as "Streaming DiLoCo H=4 P=2 tau=1": DiLoCo's optimizers, P fragments."""
+    # imported here, not at the top: notebook 10 shows this file's first functions by their line numbers
+    from dp_helpers.scratch.communicating_less.streaming_diloco import StreamingDiLoCo
+
+    model = build_model("cnn", 1, seed=0).to(device)
+    sd = StreamingDiLoCo(model, torch.optim.AdamW(model.parameters(), lr=2e-3), period=number(method, "H"),
+                         fragments=number(method, "P"), delay=number(method, "tau"))
+
+    def sent() -> int:
+        """Bytes handed to all-reduces so far."""
+        return 4 * sd.sent
+
+    sent.peak = lambda: 4 * sd.largest  # the most bytes one synchronisation sent
+    return model, sd.step, sd.zero_grad, sent
+
+
 def train(info: dph.DistInfo, method: str, cfg: Config) -> dict:
-    """One method's run: bytes sent and held-out accuracy after each epoch."""
-    model, step, zero_grad, sent = build(method, cfg, info.device)
+    """One method's run: bytes sent and held-out accuracy after each epoch (and, where known, the peak per sync)."""
+    model, step, zero_grad, sent = (streaming if method.startswith("Streaming") else build)(method, cfg, info.device)
     loader, sampler = make_loader(load_digits_split("train"), cfg.batch_size, info.rank, info.world_size, seed=0)
     held_out, row = load_digits_split("held_out"), {"bytes": [], "accuracy": []}
     for epoch in range(cfg.epochs):
@@ -115,6 +132,7 @@ def train(info: dph.DistInfo, method: str, cfg: Config) -> dict:
         broadcast_state(judged)  # every rank scores rank 0's (not counted: it is not training traffic)
         row["accuracy"].append(held_out_scores(judged, held_out, info.world_size, info.rank)["accuracy"])
     row["weights"] = torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
+    row["peak"] = getattr(sent, "peak", lambda: None)()
     return row
 
 
