@@ -362,3 +362,80 @@ def test_a_folder_a_non_utf8_file_or_an_impossible_setting_is_one_sentence(tmp_p
     out = capsys.readouterr().out.splitlines()
     assert ["is a folder" in out[0], "is not UTF-8" in out[1], "stage must be 1, 2 or 3" in out[2],
             "world_size must be a whole number" in out[3]] == [True] * 4, out
+
+
+# The survivors' average (the exercise for the per-step fault tolerance): a right answer, and each usual slip named
+LIVE_MEAN = '''import torch
+import torch.distributed as dist
+
+
+def live_mean(grads: list[torch.Tensor], alive: bool) -> int:
+    """Every rank's grads become, in place, their mean over the live ranks only; returns how many ranks are alive."""
+    flat = torch.cat([g.reshape(-1) for g in grads]) * alive  # a dead replica sends zeros
+    count = torch.tensor([float(alive)], dtype=flat.dtype)
+    dist.all_reduce(flat)
+    dist.all_reduce(count)
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g) / count)
+        offset += g.numel()
+    return int(count.item())
+'''
+
+
+def live_records(world_size: int, dead: list[int], result=None, returned=None) -> list[list[dict]]:
+    """Every rank's record of one float32 case, as my_live_mean_check writes it: the right one unless told."""
+    from dp_helpers.course.checkers.my_live_mean_check import grads_of
+
+    live = [r for r in range(world_size) if r not in dead]
+    right = [sum(gs) / len(live) for gs in zip(*(grads_of(r, torch.float32) for r in live), strict=True)]
+
+    def record(rank):
+        grads = result(rank) if result else right
+        return [{"dead": dead, "dtype": "torch.float32", "returned": len(live) if returned is None else returned,
+                 "grads": [g.tolist() for g in grads], "calls": ["all_reduce"]}]
+
+    return [record(r) for r in range(world_size)]
+
+
+def test_each_survivors_average_slip_is_named():
+    from dp_helpers.course.checkers.my_live_mean_check import grads_of
+
+    def everyone(rank):
+        return [sum(gs) / 3 for gs in zip(*(grads_of(r, torch.float32) for r in range(3)), strict=True)]
+
+    def by_world_size(rank):
+        return [sum(gs) / 3 for gs in zip(*(grads_of(r, torch.float32) for r in (0, 2)), strict=True)]
+
+    def dead_keeps_its_own(rank):
+        return grads_of(1, torch.float32) if rank == 1 else live_records(3, [1])[0][0]["grads"]
+
+    assert sc.live_mean_problem(live_records(3, [1])) is None
+    assert sc.live_mean_problem(live_records(3, [])) is None
+    for records, words in [
+        (live_records(3, [1], returned=3), "with rank(s) [1] dead, rank 0 returned 3, where 2 ranks are alive"),
+        (live_records(3, [1], everyone), "became the mean over all 3 ranks: a dead replica's values must not count"),
+        (live_records(3, [1], by_world_size), "divide by the number of ranks alive, not by the world size"),
+        (live_records(3, [1], lambda r: [torch.as_tensor(g) for g in dead_keeps_its_own(r)]),
+         "rank 1: dead in this case, it kept its own values"),
+    ]:
+        problem = sc.live_mean_problem(records)
+        assert problem is not None and words in problem, problem
+
+
+@pytest.mark.long
+@pytest.mark.slow
+def test_the_survivors_average_on_ranks_passes_and_a_world_size_divisor_is_named(tmp_path, capsys):
+    path = tmp_path / "my_live_mean.py"
+    path.write_text(LIVE_MEAN)
+    assert sc.check_my_live_mean(path)
+    path.write_text(LIVE_MEAN.replace("/ count)", "/ dist.get_world_size())"))
+    assert not sc.check_my_live_mean(path)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("correct: on 3 and 4 ranks") and "not by the world size" in out[1]
+
+
+def test_the_live_mean_skeleton_is_refused_untouched(tmp_path, capsys):
+    sc.start_my_live_mean_exercise(tmp_path / "my_live_mean.py")
+    assert "the live_mean skeleton, ready to edit" in capsys.readouterr().out
+    assert not sc.check_my_live_mean(tmp_path / "my_live_mean.py")

@@ -716,3 +716,69 @@ def check_my_all_gather(path="my_all_gather.py") -> Verdict:
         return verdict(False, problem)
     return verdict(True, tr("on 3 and 4 ranks, five shapes and dtypes: dist.all_gather's result, from messages to the "
                             "right neighbour only, (W - 1) pieces sent by each rank."))
+
+
+LIVE_MEAN_TEMPLATE = PACKAGE / "course" / "templates" / "my_live_mean.py"
+
+
+def start_my_live_mean_exercise(path="my_live_mean.py") -> None:
+    """Copy the live_mean skeleton to `path` to edit (a file already there is kept: it may be your work)."""
+    copy_template(LIVE_MEAN_TEMPLATE, Path(path), tr("the live_mean skeleton"), tr("write its body"),
+                  "check_my_live_mean")
+
+
+def live_mean_problem(ranks: list[list[dict]]) -> str | None:
+    """What a survivors' average did wrong on some rank and case (its count, a dead rank's values, the divisor), or None."""
+    from dp_helpers.course.checkers.my_live_mean_check import grads_of
+
+    world_size = len(ranks)
+    for rank, cases in enumerate(ranks):
+        for case in cases:
+            dtype, dead = getattr(torch, case["dtype"].removeprefix("torch.")), case["dead"]
+            live = [r for r in range(world_size) if r not in dead]
+            where = tr("with rank(s) {dead} dead, rank {rank}", dead=dead, rank=rank) if dead else \
+                tr("with every rank alive, rank {rank}", rank=rank)
+            if case["returned"] != len(live):
+                return tr("{where} returned {got}, where {live} ranks are alive: return how many are.", where=where,
+                          got=case["returned"], live=len(live))
+            sums = [sum(gs) for gs in zip(*(grads_of(r, dtype) for r in live), strict=True)]
+            problem = mean_problem(case, [s / len(live) for s in sums], rank, dead, world_size, sums, dtype)
+            if problem:
+                return tr("{where}: {problem}", where=where, problem=problem)
+    return None
+
+
+def mean_problem(case: dict, want: list, rank: int, dead: list, world_size: int, sums: list, dtype) -> str | None:
+    """How one rank's gradients differ from the live ranks' mean, named by the usual slip, or None."""
+    from dp_helpers.course.checkers.my_live_mean_check import grads_of
+
+    got = [torch.tensor(g, dtype=dtype) for g in case["grads"]]
+
+    def like(values) -> bool:
+        """Whether the rank's gradients are these values, to rounding."""
+        return all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(got, values, strict=True))
+
+    if like(want):
+        return None
+    if rank in dead and like(grads_of(rank, dtype)):
+        return tr("dead in this case, it kept its own values: it takes the survivors' mean too (a replica that comes "
+                  "back heals from it).")
+    everyone = [sum(gs) / world_size for gs in zip(*(grads_of(r, dtype) for r in range(world_size)), strict=True)]
+    if dead and like(everyone):
+        return tr("its gradients became the mean over all {world_size} ranks: a dead replica's values must not count "
+                  "(let it send zeros).", world_size=world_size)
+    if dead and like([s / world_size for s in sums]):
+        return tr("its gradients became the live ranks' sum divided by {world_size}: divide by the number of ranks "
+                  "alive, not by the world size.", world_size=world_size)
+    return tr("its gradients became {got} where the live ranks' mean is {want}.",
+              got=[g.flatten().tolist() for g in got], want=[w.flatten().tolist() for w in want])
+
+
+def check_my_live_mean(path="my_live_mean.py") -> Verdict:
+    """The learner's survivors' average on 3 and 4 gloo ranks, with no rank, one or all but one dead."""
+    problem = skeleton_problem("my_live_mean", Path(path), LIVE_MEAN_TEMPLATE, tr("the live_mean skeleton"), (3, 4),
+                               live_mean_problem)
+    if problem:
+        return verdict(False, problem)
+    return verdict(True, tr("on 3 and 4 ranks, with no rank, one or all but one dead, in float32 and float64: every rank "
+                            "holds the live ranks' mean, and knows how many they are."))
