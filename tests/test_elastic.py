@@ -36,12 +36,12 @@ def segments(printed: str) -> list[tuple[int, int, int]]:
 @pytest.mark.long
 @pytest.mark.slow
 def test_a_killed_node_costs_one_step_and_the_job_ends_as_one_process_would(tmp_path):
-    run = run_elastic(SCRIPT, "--steps", "30", "--step-seconds", "0.25", "--out", "final.pt", kill_after_step=8,
+    run = run_elastic(SCRIPT, "--steps", "40", "--step-seconds", "0.25", "--out", "final.pt", kill_after_step=8,
                       out_dir=tmp_path / "elastic")
     printed = run.output(0) + run.output(1)
     starts = sorted(segments(printed))
     assert [w for _, _, w in starts] == [2, 1, 2], starts  # two nodes, one, two again
-    done = [int(s) for s in re.findall(r"step (\d+)/30 on 1 ranks", printed)]
+    done = [int(s) for s in re.findall(r"step (\d+)/40 on 1 ranks", printed)]
     assert starts[1][0] == min(done) <= 9  # resumed right after the last step saved: step 8, or 9 if 9 was saved
     # each agent counts its own restarts: the survivor's workers were restarted once for the failure and not
     # again to let the node back in; the node started again is a new agent that has restarted nothing
@@ -51,7 +51,7 @@ def test_a_killed_node_costs_one_step_and_the_job_ends_as_one_process_would(tmp_
     assert restarts(0) == ["0", "1", "1"] and restarts(1) == ["0", "0"], (restarts(0), restarts(1))
     env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
     one = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-                          str(SCRIPT), "--steps", "30", "--checkpoint", "one.pt", "--out", "one-final.pt"], env=env,
+                          str(SCRIPT), "--steps", "40", "--checkpoint", "one.pt", "--out", "one-final.pt"], env=env,
                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert one.returncode == 0, one.stderr[-2000:]
     torch.testing.assert_close(torch.load(run.run_dir / "final.pt"), torch.load(tmp_path / "one-final.pt"))
