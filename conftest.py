@@ -10,6 +10,8 @@ import pytest
 GPU_TAGS = {"requires-gpu": 1, "requires-multi-gpu": 2}
 CELL_ORDER = pytest.StashKey[dict]()  # notebook path -> its cells' names, in the notebook's order
 RAN_HERE = pytest.StashKey[dict]()  # notebook path -> names of its cells this process has started
+# notebooks whose every cell is marked long: fault injection throughout (replicas and nodes killed, ~2 min of runs)
+LONG_NOTEBOOKS = {"11_training_that_keeps_going.ipynb"}
 # tests that run only when asked for: (marker, option, the skip's reason); .ci/run passes both options
 OPT_IN = (("alone", "--notebooks-alone", "runs with --notebooks-alone (.ci/run passes it): minutes"),
           ("long", "--long", "runs with --long (.ci/run passes it): over the 5-minute budget of pytest"))
@@ -42,9 +44,11 @@ def pytest_configure(config):
 
 
 def pytest_itemcollected(item):
-    """Record each notebook's cells before any selection (-k, -m) or scheduling sees them."""
+    """Record each notebook's cells (a long notebook's marked long) before any selection (-k, -m) or scheduling sees them."""
     if is_cell(item):
         item.config.stash[CELL_ORDER].setdefault(item.path, []).append(item.name)
+        if item.path.name in LONG_NOTEBOOKS:  # here, before -m long selects and the skips below are decided
+            item.add_marker(pytest.mark.long)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -33,6 +33,8 @@ RIGHT = {
     "09 DataParallel emulation limit at f = 1/3": 1.5,
     "10 PowerSGD saving for a 4096 x 4096 matrix at rank 8": 256,
     "10 DiLoCo share of DDP's bytes at H = 32": 1 / 32,
+    "11 Streaming DiLoCo's MB per synchronisation for 1e9 fp32 parameters in 4 fragments": 1000,  # 4e9 bytes / 4
+    "11 steps every replica takes again after a restart from the step-1500 checkpoint": 240,  # 1501-1740, 1740 unfinished
 }
 
 
@@ -202,7 +204,7 @@ def test_wrong_answers_are_named(got, want, words):
 SOLUTIONS = sorted(ex.SOLUTIONS.glob("*.py"))
 # code for ranks: tests/test_script_check.py launches it (07_4.py: tests/test_capstone.py, as examples/train_ddp_real.py;
 # 08_5.py: tests/test_fsdp_check.py, as examples/train_fsdp.py)
-SCRIPTS = {"00_1.py", "03_3.py", "04_3.py", "07_4.py", "08_3.py", "08_4.py", "08_5.py"}
+SCRIPTS = {"00_1.py", "03_3.py", "04_3.py", "07_4.py", "08_3.py", "08_4.py", "08_5.py", "11_3.py"}
 
 
 @pytest.mark.parametrize("path", [p for p in SOLUTIONS if p.name not in SCRIPTS], ids=lambda p: p.name)

@@ -183,3 +183,14 @@ def test_the_ring_buffers_follow_the_schedule_to_every_sum_on_every_rank():
     ax = plot_ring_buffers(3)
     assert [t.get_text() for t in ax.get_xticklabels()] == ["start", "RS 1", "RS 2", "AG 1", "AG 2"]
     plt.close("all")
+
+
+def test_members_draws_a_square_per_member_and_step_on_the_axes_given():
+    from dp_helpers.tool.plotting import plot_members
+
+    fig, ax = plt.subplots()
+    steps = [(0, [0, 1, 2]), (1, [0, 2]), (2, [0, 1, 2])]
+    assert plot_members(steps, 3, killed=(1, 1), ax=ax) is ax
+    assert [len(c.get_offsets()) for c in ax.collections] == [3, 2, 3]  # replica 1 missed step 1
+    assert list(ax.get_yticks()) == [0, 1, 2] and "replica 1 killed before step 1" in ax.texts[0].get_text()
+    plt.close(fig)

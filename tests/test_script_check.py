@@ -365,22 +365,7 @@ def test_a_folder_a_non_utf8_file_or_an_impossible_setting_is_one_sentence(tmp_p
 
 
 # The survivors' average (the exercise for the per-step fault tolerance): a right answer, and each usual slip named
-LIVE_MEAN = '''import torch
-import torch.distributed as dist
-
-
-def live_mean(grads: list[torch.Tensor], alive: bool) -> int:
-    """Every rank's grads become, in place, their mean over the live ranks only; returns how many ranks are alive."""
-    flat = torch.cat([g.reshape(-1) for g in grads]) * alive  # a dead replica sends zeros
-    count = torch.tensor([float(alive)], dtype=flat.dtype)
-    dist.all_reduce(flat)
-    dist.all_reduce(count)
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset:offset + g.numel()].view_as(g) / count)
-        offset += g.numel()
-    return int(count.item())
-'''
+LIVE_MEAN = (SOLUTIONS / "11_3.py").read_text()
 
 
 def live_records(world_size: int, dead: list[int], result=None, returned=None) -> list[list[dict]]:

@@ -12,7 +12,7 @@ def test_the_sidebar_route_is_notebook_00s_table_in_each_language():
     assert [p for p, _ in en] == [p for p, _ in zh] == [f"notebooks/{nb.stem}" for nb in site.english_notebooks()]
     assert all(re.match(r"\d\d · .+ · \d+ min", title) for _, title in en), en
     optional = [page[10:12] for page, title in en if title.endswith("optional")]
-    assert optional == ["01", "02", "04", "05", "09", "10"] and all("选读" in zh[int(n)][1] for n in optional)
+    assert optional == ["01", "02", "04", "05", "09", "10", "11"] and all("选读" in zh[int(n)][1] for n in optional)
 
 
 def test_links_become_links_between_pages_or_to_the_repository():

@@ -483,4 +483,5 @@ MESSAGES: dict[str, str] = {
     ("on 3 and 4 ranks, with no rank, one or all but one dead, in float32 and float64: every rank holds the live "
      "ranks' mean, and knows how many they are."):
         "在 3 个和 4 个 rank 上，无论没有 rank 死掉、死掉一个，还是只剩一个存活，float32 和 float64 下每个 rank 都持有存活 rank 的平均值，并知道存活的有几个。",
+    "the step that failed was not finished: it is taken again too": "失败的那一步并没有完成：它也要重新做一遍",
 }

@@ -570,3 +570,19 @@ def plot_step_trace(step, ax=None):
     ax.set_xlabel("ms from the forward's start (dashed: the backward starts)")
     ax.legend(fontsize="small", loc="lower left")
     return ax
+
+
+def plot_members(steps: list[tuple[int, list[int]]], replicas: int, killed: tuple[int, int] | None = None, ax=None):
+    """Which replicas each committed step averaged over: a square per (step, member), a row per replica (notebook 11)."""
+    ax = _get_ax(ax)
+    for r in range(replicas):
+        counted = [s for s, members in steps if r in members]
+        ax.scatter(counted, [r] * len(counted), marker="s", s=16, color=f"C{r}", label=f"replica {r}")
+    if killed is not None:
+        replica, step = killed
+        ax.axvline(step - 0.5, color="black", linestyle=":", linewidth=1)
+        ax.annotate(f"replica {replica} killed before step {step}", (step - 0.5, replicas - 0.5), xytext=(4, 0),
+                    textcoords="offset points", fontsize="small", va="top")
+    ax.set(xlabel="step", ylabel="replica", yticks=range(replicas), ylim=(replicas - 0.2, -0.8))
+    ax.set_title("who each step's average counted: a gap is a step without that replica")
+    return ax

@@ -71,6 +71,10 @@ ANSWERS = {
     "10 PowerSGD saving for a 4096 x 4096 matrix at rank 8": lambda: 4096 * 4096 / compression.powersgd_values(
         [torch.Size([4096, 4096])], 8),
     "10 DiLoCo share of DDP's bytes at H = 32": lambda: 1 / 32,  # the parameters once per 32 steps; N does not enter
+    # fp32 values laid end to end, cut into 4 equal runs: one run a synchronisation
+    "11 Streaming DiLoCo's MB per synchronisation for 1e9 fp32 parameters in 4 fragments": lambda: 4 * 10**9 / 4 / 1e6,
+    # saved after step 1500; the failure in step 1740: steps 1501-1740 are taken again by every replica
+    "11 steps every replica takes again after a restart from the step-1500 checkpoint": lambda: 1740 - 1500,
 }
 
 
@@ -180,6 +184,8 @@ LIKELY_MISTAKES = {
     "02 bytes replicated for 1e6 on 4": [
         (16_000_000, tr_later("that counts device 0 too, which holds the model already: only the copies sent to the "
                               "other devices are replicated"))],
+    "11 steps every replica takes again after a restart from the step-1500 checkpoint": [
+        (239, tr_later("the step that failed was not finished: it is taken again too"))],
 }
 
 

@@ -1,1 +1,1 @@
-"""Communicating less: PowerSGD as a DDP hook, local SGD and DiLoCo (notebook 10), Streaming DiLoCo (its notebook is still to be written)."""
+"""Communicating less: PowerSGD as a DDP hook, local SGD and DiLoCo (notebook 10), Streaming DiLoCo (notebook 11)."""

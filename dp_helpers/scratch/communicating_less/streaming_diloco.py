@@ -1,4 +1,4 @@
-"""Streaming DiLoCo from scratch: DiLoCo whose outer step moves one fragment of the parameters at a time (its notebook is still to be written).
+"""Streaming DiLoCo from scratch: DiLoCo whose outer step moves one fragment of the parameters at a time (notebook 11).
 
 The trained parameters are split into P fragments: P runs of their values laid end to end, equal to one value (a
 tensor may be cut between two), or the modules you name (a transformer's blocks, say). Fragment f lands every H steps, after steps

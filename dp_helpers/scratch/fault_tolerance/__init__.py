@@ -1,1 +1,1 @@
-"""Training that keeps going: a per-step quorum, healing from a live peer (its notebook is still to be written)."""
+"""Training that keeps going: a per-step quorum, healing from a live peer (notebook 11)."""

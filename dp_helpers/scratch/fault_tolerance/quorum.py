@@ -1,4 +1,4 @@
-"""The quorum from scratch: before each step, the live replicas agree on who takes part.
+"""The quorum from scratch (notebook 11): before each step, the live replicas agree on who takes part.
 
 Every replica posts its arrival at step s, with how many steps it has committed, under the step's keys in a store
 that outlives any replica (a TCPStore held by the launcher: torchft calls its own service the lighthouse). The

@@ -1,4 +1,4 @@
-"""Per-step fault tolerance from scratch: a step costs a dead replica's share, not a restart of everyone.
+"""Per-step fault tolerance from scratch (notebook 11): a step costs a dead replica's share, not a restart of everyone.
 
 `Replica(model, optimizer, quorum, replica_id)` wraps one replica's training loop:
 - `start_step()` meets the others at the quorum (quorum.py) and, when the membership changed, builds a new gloo group

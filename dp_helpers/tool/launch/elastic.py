@@ -8,7 +8,7 @@ keep-alive has lapsed, and the job goes on with the nodes left; the node started
 no agent counts. On torch 2.13 a node joining a later round waited for a MASTER_ADDR that the agent of rank 0 had
 written only in its first round (the agents share one TCP store by default), so the agents here run with
 TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1. Supports one worker per node and any script that resumes from its own
-checkpoint and prints "step S/N on W ranks"; refuses fewer than 2 nodes. Its notebook is still to be written.
+checkpoint and prints "step S/N on W ranks"; refuses fewer than 2 nodes. Notebook 11 runs it.
 """
 
 from __future__ import annotations
