@@ -111,7 +111,20 @@ def test_cli_flags_reach_the_config(monkeypatch, tmp_path):
                  "--depth", "2", "--no-comm"]) == 0
     cfg = seen["cfg"]
     assert (cfg.batches, cfg.default_batch, cfg.hidden, cfg.depth, cfg.steps) == ([32, 128], 128, 256, 2, 4)
-    assert not cfg.comm_check and cfg.overhead_check
+    assert not cfg.comm_check and cfg.overhead_check and cfg.link is None
+    assert main(["bench", "--quick", "--link", "1gbit,1ms"]) == 0 and seen["cfg"].link == "1gbit,1ms"
+
+
+def test_an_emulated_link_reaches_every_multi_process_launch_and_a_bad_one_is_refused(monkeypatch, tmp_path, capsys):
+    import dp_helpers.tool.bench as bench
+    from dp_helpers.tool.cli import main
+
+    seen = []
+    monkeypatch.setattr(bench, "launch_worker", lambda w, *args, out, backend, link=None: seen.append((w, link)) or [])
+    bench.n_processes(BenchConfig([1, 2], link="2mbit,50us"), 2, tmp_path, "gloo", largest=True)
+    assert seen == [(2, "2mbit,50us")]
+    assert main(["bench", "--link", "fast", "--out", str(tmp_path / "b")]) == 2
+    assert "fast" in capsys.readouterr().err and not (tmp_path / "b").exists()
 
 
 def test_cli_refuses_before_anything_runs(tmp_path, capsys):

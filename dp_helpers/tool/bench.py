@@ -20,7 +20,7 @@ from dp_helpers.tool import env
 from dp_helpers.tool.files import write_text_atomic
 from dp_helpers.tool.launch import run_ddp
 from dp_helpers.tool.launch.process import run_tree
-from dp_helpers.tool.request import UsageError, check_int, resolve_backend
+from dp_helpers.tool.request import UsageError, check_int, check_link, resolve_backend
 from dp_helpers.tool.runs import prepare_run_dir
 from dp_helpers.tool.training import PRECISIONS, precision_problem
 
@@ -46,6 +46,7 @@ class BenchConfig:
     comm_check: bool = True  # train's --comm methods against DDP's all-reduce, on the largest world size
     powersgd_rank: int = 4
     period: int = 4
+    link: str | None = None  # an emulated network between the ranks of each N-process launch ('1gbit,1ms'; gloo)
 
 
 def quick(cfg: BenchConfig) -> BenchConfig:
@@ -93,10 +94,10 @@ def capacity(backend: str) -> int:
     return gpus if on_gpus else max(env.cpu_cores(), 2)
 
 
-def launch_worker(world_size: int, *args, out: Path, backend: str) -> list:
+def launch_worker(world_size: int, *args, out: Path, backend: str, link: str | None = None) -> list:
     """Run the bench worker and return every rank's results, {mode: result} each."""
     run = run_ddp("dp_helpers.scripts.bench_worker", *map(str, args), world_size=world_size, backend=backend,
-                  out_dir=out, echo=False, timeout=1800, env={"OMP_NUM_THREADS": "1"})
+                  out_dir=out, echo=False, timeout=1800, env={"OMP_NUM_THREADS": "1"}, link=link)
     return json.loads((run.run_dir / "bench.json").read_text())
 
 
@@ -129,7 +130,7 @@ def n_processes(cfg: BenchConfig, w: int, tmp: Path, backend: str, largest: bool
     """The ceiling and DDP, alternating in the same w processes; on the largest w the all-reduce and --comm too."""
     modes = ["train", "allreduce", *(["comm"] if cfg.comm_check else [])] if largest else ["train"]
     extra = ["--ddp", *(allreduce_args(cfg) if largest else [])]
-    return launch_worker(w, *train_args(cfg, *modes, extra=extra), out=tmp / f"n{w}", backend=backend)
+    return launch_worker(w, *train_args(cfg, *modes, extra=extra), out=tmp / f"n{w}", backend=backend, link=cfg.link)
 
 
 def measure_all(cfg: BenchConfig, tmp: Path, backend: str, tick) -> tuple[dict, list, dict | None]:
@@ -266,6 +267,7 @@ def run_bench(cfg: BenchConfig, out_dir=None, backend: str = "auto") -> dict:
 
     validate_bench(cfg, capacity(backend))
     backend = resolve_backend(backend, max(cfg.world_sizes))  # one backend for every world size, DataParallel's too
+    check_link(cfg.link, backend)  # BANDWIDTH[,LATENCY], gloo only: refused here, before any folder or launch
     if out_dir is not None and (Path(out_dir) / "bench.json").exists():
         raise UsageError(f"output folder {out_dir} already holds a benchmark; choose a new folder or delete it.")
     out_dir = prepare_run_dir(out_dir, "bench")  # only now, so a refused benchmark leaves no folder behind
@@ -298,5 +300,8 @@ def save_figures(result: dict, out_dir: Path) -> None:
                        ("efficiency_batch", plot_efficiency_vs_batch)):
         fig = Figure(figsize=(6, 4))
         draw(result, ax=fig.subplots())
+        if result["config"].get("link"):  # an emulated measurement says so where it is shown
+            fig.suptitle(f"multi-process timings behind an emulated link ({result['config']['link']})",
+                         fontsize="small")
         fig.tight_layout()
         fig.savefig(out_dir / f"{name}.png", dpi=100)

@@ -59,6 +59,9 @@ def add_bench_parser(sub) -> None:
     bench.add_argument("--backend", choices=BACKENDS, default="auto", help="process-group backend")
     bench.add_argument("--out", default=None, help="folder for bench.json and the figures (default: new, under runs/)")
     bench.add_argument("--no-overhead", action="store_true", help="skip timing train against bare torchrun")
+    bench.add_argument("--link", default=None,
+                       help="an emulated network between the ranks of every multi-process launch, BANDWIDTH[,LATENCY] "
+                            "such as 1gbit,1ms (gloo only; those timings are emulated, and bench.json says so)")
     bench.add_argument("--no-comm", action="store_true",
                        help="skip timing train's --comm methods (fp16, PowerSGD, local SGD, DiLoCo) against DDP")
     bench.add_argument("--batches", type=int, nargs="+", default=None,
@@ -100,7 +103,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     cfg = BenchConfig(world_sizes=args.world_sizes or list(range(1, capacity(args.backend) + 1)),
                       hidden=args.hidden, depth=args.depth, overhead_check=not args.no_overhead,
-                      comm_check=not args.no_comm)
+                      comm_check=not args.no_comm, link=args.link)
     cfg = quick(cfg) if args.quick else cfg
     if args.batches:  # after quick(), which would replace them
         cfg = replace(cfg, batches=sorted(set(args.batches)), default_batch=max(args.batches))
@@ -111,6 +114,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for method, r in (result.get("communication") or {"methods": {}})["methods"].items():
         print(f"--comm {method}: {r['bytes_vs_allreduce']:.1%} of allreduce's bytes per step, "
               f"{r['time_vs_allreduce']:.2f} x its step time")
+    if args.link:
+        print(f"every N-process timing above ran behind an emulated link ({args.link}): emulated, not measured on a network")
     print(f"results: {Path(result['out_dir']) / 'bench.json'}")
     return 0
 
