@@ -35,7 +35,8 @@ def test_bench_quick_writes_the_documented_fields(tmp_path, monkeypatch, pools, 
 
     launched = []
 
-    def in_pool(world_size, *args, out, backend):
+    def in_pool(world_size, *args, out, backend, link=None):
+        assert link is None  # no --link: the launches run over loopback
         argv = [str(a) for a in args]
         launched.append((world_size, bench_worker.parse_args(argv).mode))
         return pools.get(world_size).run(bench_worker.measure, argv)

@@ -60,6 +60,21 @@ def test_a_quorum_closes_without_waiting_when_everyone_expected_is_there():
     assert time.monotonic() - began < 10
 
 
+def test_a_returning_replica_waits_for_the_members_even_through_a_long_step_and_counts_are_frozen():
+    store = dist.HashStore()
+    Quorum(store, num_replicas=3, startup_timeout_s=0.2).meet(0, 0, 0)  # step 0: replica 0 alone (1 and 2 absent)
+    quorum = Quorum(store, num_replicas=3, join_timeout_s=0.2, startup_timeout_s=30)
+
+    def member_after_a_long_step():
+        time.sleep(1.0)  # five join timeouts: replica 0 is still computing step 0
+        return quorum.meet(1, 0, 1)
+
+    returning, member = in_threads(lambda: quorum.meet(1, 2, 0), member_after_a_long_step)
+    assert returning == member and member.replicas == (0, 2)  # not (2,): it did not close step 1 on its own
+    store.set("step1/arrived/2", "7")  # replica 2 restarts again and posts at step 1 once more
+    assert quorum.meet(1, 0, 1).committed == (1, 0)  # everyone reads the counts frozen with the list
+
+
 def test_the_quorum_refuses_an_impossible_minimum():
     with pytest.raises(ValueError, match="min_replicas"):
         Quorum(dist.HashStore(), num_replicas=2, min_replicas=3)

@@ -5,9 +5,11 @@ that outlives any replica (a TCPStore held by the launcher: torchft calls its ow
 quorum closes once every member of the last quorum has arrived, or `join_timeout_s` after the first check without
 the missing ones: a replica that has died is noticed by its absence. The first quorum waits for every replica,
 up to `startup_timeout_s`: processes started together can arrive seconds apart. Whoever closes it first writes the
-membership with the store's compare_set, so every replica reads the same list, including one that arrived too late
-(it is left out of this step and meets the next). A replica that starts again reads the last quorum opened and
-posts at that step or the next, so it never waits for a step the others have left behind.
+membership and each member's committed steps with the store's compare_set, so every replica reads the same record,
+including one that arrived too late (it is left out of this step and meets the next). A replica that starts again
+reads the last quorum opened and posts at that step or the next, so it never waits for a step the others have left
+behind; since it was not a member of the last quorum, it never closes one on the join timeout (it waits up to
+`startup_timeout_s` for the members, who may be in the middle of a long step): only the members' absence is news.
 Supports: any number of replicas, replicas that die or restart at any moment. Refuses: min_replicas < 1.
 Not handled: the store's own death (the single point of failure), two replicas posting under one id.
 """
@@ -58,19 +60,23 @@ class Quorum:
     def meet(self, step: int, replica: int, committed: int) -> Members:
         """Arrive at step `step` and return its members (this replica may not be among them)."""
         self.store.set(f"step{step}/arrived/{replica}", str(committed))
-        self.store.set("latest", str(step))  # every arrival writes it: the highest step so far, or one behind
-        if not self.store.check([f"step{step}/members"]):
-            self.wait_for(*self.expected(step), step)
+        self.store.set("latest", str(step))  # the step this arrival meets at: a late replica may set it back one
+        key = f"step{step}/members"
+        if not self.store.check([key]):
+            self.wait_for(*self.expected(step, replica), step)
             arrived = [r for r in range(self.num_replicas) if self.store.check([f"step{step}/arrived/{r}"])]
-            self.store.compare_set(f"step{step}/members", "", json.dumps(arrived))  # the first writer wins
-        replicas = json.loads(self.store.get(f"step{step}/members"))
-        return Members(step, tuple(replicas), tuple(int(self.store.get(f"step{step}/arrived/{r}")) for r in replicas))
+            counts = [int(self.store.get(f"step{step}/arrived/{r}")) for r in arrived]
+            # the first writer wins, counts frozen with the list: a restarted replica may post again meanwhile
+            self.store.compare_set(key, "", json.dumps({"replicas": arrived, "committed": counts}))
+        record = json.loads(self.store.get(key))
+        return Members(step, tuple(record["replicas"]), tuple(record["committed"]))
 
-    def expected(self, step: int) -> tuple[list[int], float]:
-        """Whom to wait for, and how long: the last quorum's members, or before the first every replica, longer."""
+    def expected(self, step: int, replica: int) -> tuple[list[int], float]:
+        """Whom to wait for, and how long: the last quorum's members (a non-member waits longer), or at first everyone."""
         key = f"step{step - 1}/members"
         if step > 0 and self.store.check([key]):
-            return json.loads(self.store.get(key)), self.join_timeout_s
+            members = json.loads(self.store.get(key))["replicas"]
+            return members, self.join_timeout_s if replica in members else self.startup_timeout_s
         return list(range(self.num_replicas)), self.startup_timeout_s
 
     def wait_for(self, replicas: list[int], timeout_s: float, step: int) -> None:
