@@ -3,7 +3,7 @@
     torchrun --standalone --nproc-per-node 2 checkpoint_async.py --mode async --slow-disk 0.5
     torchrun --standalone --nproc-per-node 2 checkpoint_async.py --mode async   # again: it resumes
 
---mode sync: every rank waits in dcp.save until its shard is on disk. --mode async: dcp.async_save copies the state to
+--mode sync: every rank waits in dcp.save until every rank's part and the metadata are written. --mode async: dcp.async_save copies the state to
 CPU memory and returns; a thread writes it while training goes on, over a gloo group of its own. --mode rank0: the
 common mistake, rank 0 alone writes with torch.save while the others go on to the next step's all-reduce; a save
 longer than --timeout fails the others. --slow-disk S makes each rank's write take S seconds longer (an emulated slow

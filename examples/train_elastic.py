@@ -9,6 +9,9 @@ When a node dies, the survivors' workers fail in their next all-reduce; their ag
 from the last step rank 0 saved. When a node comes back, the agents restart their workers to let it in (that restart
 is not counted). The global batch stays --global-batch-size: each of the W ranks takes its W-th of every step's rows,
 so the weights are the ones one process with the whole batch would reach, whatever W each step had.
+Every rank reads rank 0's file: on several machines it must be on a file system they share. Rank 0 saves alone with
+torch.save while the others go on: fine for a model whose save takes far less than --timeout (notebook 11 shows the
+failure when it does not); DCP, which every rank writes, is the general answer.
 """
 
 import argparse

@@ -1,19 +1,21 @@
 """Streaming DiLoCo from scratch: DiLoCo whose outer step moves one fragment of the parameters at a time (notebook 11).
 
 The trained parameters are split into P fragments: P runs of their values laid end to end, equal to one value (a
-tensor may be cut between two), or the modules you name (a transformer's blocks, say). Fragment f lands every H steps, after steps
-floor(H (f+1) / P) + kH (counted from 1), so a synchronisation sends 1/P of the values DiLoCo sends at once
-(Douillard et al. 2025, arXiv 2501.18512). Its pseudo-gradient (agreed - local) leaves `delay` steps earlier (tau in
-the paper) in an all-reduce that does not block; the inner steps go on meanwhile, and when it lands the fragment's
-outer optimizer (SGD with Nesterov momentum, one per fragment, as DiLoCo's) steps its agreed values and each rank
-keeps `alpha` of its own values, taking 1 - alpha of the agreed ones (alpha = 0: the agreed values, as DiLoCo does).
-This is torchft 0.2.0's schedule and merge (tests/test_streaming_diloco.py runs both); one fragment without delay is
-DiLoCo, value for value.
+tensor may be cut between two), or the modules you name (a transformer's blocks, say). Fragment f lands every H
+steps, after steps floor(H (f+1) / P) + kH (counted from 1), so a synchronisation sends 1/P of the values DiLoCo
+sends at once (Douillard et al. 2025, arXiv 2501.18512). Its pseudo-gradient (agreed - local) leaves `delay` steps
+earlier (tau in the paper) in an all-reduce that does not block (with delay 0 it is waited for at once); the inner
+steps go on, and when it lands the fragment's outer optimizer (SGD with Nesterov momentum, one per fragment, as
+DiLoCo's) steps its agreed values and each rank keeps `alpha` of its own values, taking 1 - alpha of the agreed ones
+(alpha = 0: the agreed values, as DiLoCo does). This is torchft 0.2.0's schedule and merge where P divides H and every
+commit succeeds (torchft requires the first and retries a failed fragment; tests/test_streaming_diloco.py runs both);
+one fragment without delay is DiLoCo, exactly.
 Supports any model and inner optimizer, a plain model inside a process group, as DiLoCo. Refuses: fewer than one
 fragment or more than the trained values or than H, modules that do not hold every trained parameter exactly once,
-delay < 0 or >= H // P (a fragment must land before it is sent again), alpha outside [0, 1], a parameter that is not
-contiguous. `finish()` lands what is in flight, then synchronises each fragment trained since it was sent, so the
-ranks end on the same weights. Not handled: what DiLoCo does not (ranks taking different numbers of steps).
+delay < 0 or >= H // P (one fragment in flight at a time: each lands before the next is sent), alpha outside [0, 1],
+a parameter that is not contiguous. `finish()` lands what is in flight, then synchronises each fragment trained since
+it was sent, so the ranks end on the same weights. Not handled: what DiLoCo does not (ranks taking different numbers
+of steps).
 """
 
 from __future__ import annotations
@@ -132,8 +134,8 @@ def check(params: list[nn.Parameter], period: int, fragments: int, delay: int, a
         raise ValueError(f"StreamingDiLoCo needs 1 <= fragments <= min(trained values {values}, period {period}), "
                          f"not {fragments}.")
     if not 0 <= delay < period // fragments:
-        raise ValueError(f"StreamingDiLoCo needs 0 <= delay < period // fragments = {period // fragments} (a fragment "
-                         f"must land before it is sent again), not {delay}.")
+        raise ValueError(f"StreamingDiLoCo needs 0 <= delay < period // fragments = {period // fragments} (one fragment in "
+                         f"flight at a time: each lands before the next is sent), not {delay}.")
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"StreamingDiLoCo needs 0 <= alpha <= 1 (the share of its own weights a rank keeps), not {alpha}.")
     if not all(p.is_contiguous() for p in params):
