@@ -28,26 +28,19 @@ from tests.test_streaming_diloco import WORLD, adamw, data, model
 def replica(replica_id: int, m: nn.Module, lighthouse: str, period: int, delay: int, alpha: float, steps: int) -> dict:
     """One replica group's training under torchft's Manager and DiLoCo; its final weights."""
     from torchft.local_sgd import DiLoCo
-    from torchft.manager import Manager
-    from torchft.process_group import ProcessGroupGloo
 
     inner = adamw(m.parameters())
     outer = [torch.optim.SGD(layer.parameters(), lr=0.7, momentum=0.9, nesterov=True) for layer in (m[0], m[2])]
-    store = dist.TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
-    manager = Manager(pg=ProcessGroupGloo(timeout=timedelta(seconds=20)), min_replica_size=WORLD,
-                      use_async_quorum=False, init_sync=False, load_state_dict=None, state_dict=None,
-                      replica_id=str(replica_id), store_addr="localhost", store_port=store.port, rank=0,
-                      world_size=1, lighthouse_addr=lighthouse, port=0, timeout=timedelta(seconds=20),
-                      quorum_timeout=timedelta(seconds=20), connect_timeout=timedelta(seconds=20))
+    mgr = manager(replica_id, lighthouse)  # its quorum needs both replicas: min_replica_size 2 = WORLD
     try:
-        with DiLoCo(manager, [m[0], m[2]], inner, outer, sync_every=period, fragment_sync_delay=delay,
+        with DiLoCo(mgr, [m[0], m[2]], inner, outer, sync_every=period, fragment_sync_delay=delay,
                     fragment_update_alpha=alpha):
             for x, y in data(replica_id, steps):
                 inner.zero_grad()
                 nn.functional.mse_loss(m(x), y).backward()
                 inner.step()  # DiLoCo's hooks on the inner optimizer send and land the fragments
     finally:
-        manager.shutdown(wait=False)
+        mgr.shutdown(wait=False)
     return {k: v.clone() for k, v in m.state_dict().items()}
 
 

@@ -21,7 +21,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 from dp_helpers.tool.launch.diagnose import DistributedRunError, RunTimeoutError
+from dp_helpers.tool.launch.process import send
 from dp_helpers.tool.runs import prepare_run_dir
 
 
@@ -56,20 +59,21 @@ def start(command: list[str], run_dir: Path, node: int) -> subprocess.Popen:
 
 def kill(agent: subprocess.Popen) -> None:
     """An agent and its workers at once (torchrun starts each worker in a session of its own)."""
-    workers = subprocess.run(["pgrep", "-P", str(agent.pid)], capture_output=True, text=True).stdout.split()
-    for pid in [agent.pid, *map(int, workers)]:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    try:
+        root = psutil.Process(agent.pid)
+        family = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:  # it had already exited
+        family = []
+    for p in family:
+        send(p, signal.SIGKILL)
     agent.wait()
 
 
 class Watch:
     """Reads the nodes' output until a line appears, within the run's deadline."""
 
-    def __init__(self, run: ElasticRun, nodes: int, agents: list, timeout: float):
-        self.run, self.nodes, self.agents = run, nodes, agents
+    def __init__(self, run: ElasticRun, nodes: int, timeout: float):
+        self.run, self.nodes = run, nodes
         self.began, self.deadline = time.monotonic(), time.monotonic() + timeout
 
     def until(self, text: str, event: str) -> None:
@@ -108,7 +112,7 @@ def run_elastic(script, *script_args, nodes: int = 2, victim: int = 1, kill_afte
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, multi_tenant=True, wait_for_workers=False)
     run = ElasticRun(run_dir, agent_command(script, script_args, nodes, f"127.0.0.1:{store.port}", max_restarts))
     agents = [start(run.command, run_dir, n) for n in range(nodes)]
-    watch = Watch(run, nodes, agents, timeout)
+    watch = Watch(run, nodes, timeout)
     try:
         kill_and_bring_back(watch, agents, victim, kill_after_step)
         codes = [a.wait(timeout=max(watch.deadline - time.monotonic(), 1)) for a in agents]
