@@ -71,6 +71,7 @@ def test_far_more_cpu_processes_than_cores_needs_a_flag(capsys, tmp_path):
     (["--strategy", "fsdp", "--sync", "manual"], "--strategy fsdp cannot be combined with --sync manual"),
     (["--strategy", "zero1", "--check-grads", "--checkpoint", "c.pt"], "with --check-grads or --checkpoint"),
     (["--bn-sync", "allreduce"], "only means something for model 'bn'"),
+    (["--async-checkpoint"], "and there is no --checkpoint FILE: add one or drop --async-checkpoint"),
     (["--strategy", "fsdp", "--max-restarts", "1"], "restarts that resume are available with --strategy ddp"),
     (["--epochs", "3", "--stop-after", "1", "--fail-at", "3:1"], "--fail-at 3:1 would never fire: this run trains only "
                                                                  "epoch 1"),

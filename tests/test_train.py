@@ -267,3 +267,35 @@ def test_the_summary_says_when_per_rank_batchnorm_breaks_the_equivalence(bn_sync
     said = train_script.equivalence(cfg, shard_plan(cfg.samples, world_size, cfg.batch_size), {})
     assert said["equivalent_to_large_batch"] == identical
     assert ("its own shard's statistics" in said["equivalence"]) != identical
+
+
+def test_a_run_resumed_from_an_async_snapshot_equals_one_process(tmp_path, pools):
+    cfg = {"model": "mlp", "momentum": 0.9, "epochs": 2}
+    stopped = launch_train(pools, tmp_path / "async", 2, checkpoint=str(tmp_path / "ck.pt"), async_checkpoint=True,
+                           stop_after=1, **cfg)
+    assert stopped.summary["checkpoint_saves"] == 1 and torch.load(tmp_path / "ck.pt", weights_only=True)["step"] == 5
+    resumed = launch_train(pools, tmp_path / "resumed", 2, resume=str(tmp_path / "ck.pt"), **cfg)
+    torch.testing.assert_close(final_weights(resumed.run_dir), train_reference(TrainConfig(batch_size=20, **cfg)).state_dict)
+
+
+def test_an_async_snapshot_is_written_while_training_goes_on_and_its_error_is_raised(tmp_path, monkeypatch):
+    released, written = __import__("threading").Event(), []
+
+    def slow_write(path, write):
+        assert released.wait(30)  # the disk answers only when the test says so
+        write(Path(path))
+        written.append(path)
+
+    monkeypatch.setattr(train_script, "write_atomic", slow_write)
+    snapshots, info = train_script.Snapshots(str(tmp_path / "ck.pt"), background=True), SimpleNamespace(is_main=True)
+    weights = torch.ones(3)
+    snapshots.save(lambda: {"w": weights}, info)  # returns with the write still waiting for the disk
+    weights.add_(1)  # training changes the weights in place: the snapshot keeps the copy it took
+    assert written == [] and snapshots.saves == 1
+    released.set()
+    snapshots.close()
+    assert written and torch.equal(torch.load(tmp_path / "ck.pt", weights_only=True)["w"], torch.ones(3))
+    broken = train_script.Snapshots(str(tmp_path / "no such folder" / "ck.pt"), background=True)
+    broken.save(lambda: {"w": weights}, info)
+    with pytest.raises(RuntimeError, match="does not exist"):  # the thread's error reaches the training loop at close (or the next save)
+        broken.close()

@@ -15,6 +15,8 @@ import os
 import signal
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -193,17 +195,59 @@ def run_epoch(epoch: int, step: int, model, loader, optimizer, writer: MetricsWr
     return step, loss_sum, count
 
 
-def save_checkpoint(path: str, model, optimizer, epoch: int, step: int, history: dict, cfg: TrainConfig,
-                    info: dph.DistInfo) -> None:
-    """Rank 0 writes model, optimizer, position and history whole, then renames it into place; every rank waits for it."""
-    if info.is_main:
-        state = {"model": dph.unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
-                 "epoch": epoch, "step": step, "history": history, "world_size": info.world_size,
-                 "batch_size": cfg.batch_size, "grad_accum_steps": cfg.grad_accum_steps, "seed": cfg.seed,
-                 "config": cfg.as_dict(),  # what trained it: --resume refuses settings that would change the job
-                 "run_dir": str(info.run_dir), "launch": launch_id()}  # which run wrote it: see own_snapshot
-        write_atomic(path, lambda tmp: torch.save(state, tmp))
-    dist.barrier()  # nobody reads the file before it is complete
+def on_cpu(state):
+    """A copy of a state (dicts, lists, tensors) with every tensor in CPU memory: what a background write may read."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True)  # training goes on changing the original in place
+    if isinstance(state, dict):
+        return {key: on_cpu(value) for key, value in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(on_cpu(value) for value in state)
+    return state
+
+
+class Snapshots:
+    """--checkpoint's writes: rank 0 writes while every rank waits, or (--async-checkpoint) a thread writes a CPU copy."""
+
+    def __init__(self, path: str, background: bool):
+        self.path, self.saves, self.stalled, self.pending = path, 0, 0.0, None
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="checkpoint") if path and background else None
+
+    def save(self, state_of, info: dph.DistInfo) -> None:
+        """Save what state_of() returns (called on rank 0 only); time how long this rank was kept from training."""
+        start = time.perf_counter()
+        if info.is_main:
+            self.wait()  # one write at a time; an error of the last write is raised here
+            if self.pool:
+                state = on_cpu(state_of())
+                self.pending = self.pool.submit(write_atomic, self.path, lambda tmp: torch.save(state, tmp))
+            else:
+                write_atomic(self.path, lambda tmp: torch.save(state_of(), tmp))
+        if not self.pool:
+            dist.barrier()  # nobody goes on before the file is complete: a failure now resumes from this snapshot
+        self.saves, self.stalled = self.saves + 1, self.stalled + time.perf_counter() - start
+
+    def wait(self) -> None:
+        """Wait for the write in flight, if any (raising its error)."""
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            pending.result()
+
+    def close(self) -> None:
+        """The last write complete, the thread gone."""
+        self.wait()
+        if self.pool:
+            self.pool.shutdown()
+
+
+def checkpoint_state(model, optimizer, epoch: int, step: int, history: dict, cfg: TrainConfig,
+                     info: dph.DistInfo) -> dict:
+    """What a snapshot holds: model, optimizer, position and history, and the settings and run that wrote it."""
+    return {"model": dph.unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
+            "epoch": epoch, "step": step, "history": history, "world_size": info.world_size,
+            "batch_size": cfg.batch_size, "grad_accum_steps": cfg.grad_accum_steps, "seed": cfg.seed,
+            "config": cfg.as_dict(),  # what trained it: --resume refuses settings that would change the job
+            "run_dir": str(info.run_dir), "launch": launch_id()}  # which run wrote it: see own_snapshot
 
 
 def load_checkpoint(path: str, model, optimizer, cfg: TrainConfig, info: dph.DistInfo) -> tuple[int, int, dict]:
@@ -345,17 +389,20 @@ def train(cfg: TrainConfig, info: dph.DistInfo) -> dict:
     first, step, history, source = starting_point(cfg, model, optimizer, info)
     note_restart(info, first, step, source, cfg)
     last = min(cfg.epochs, cfg.stop_after) if cfg.stop_after else cfg.epochs
+    snapshots = Snapshots(cfg.checkpoint, cfg.async_checkpoint)
     with MetricsWriter(info.run_dir, info.rank, info.world_size, (attempt(), step) if attempt() else None) as writer:
         for epoch in range(first, last):
             sampler.set_epoch(epoch)  # without it every epoch repeats the same order
             step, loss_sum, count = run_epoch(epoch, step, model, loader, optimizer, writer, cfg, info, comm)
             end_of_epoch(history, dph.epoch_mean_loss(loss_sum, count, info), model, held_out, cfg, info, epoch, step)
             if cfg.checkpoint:
-                save_checkpoint(cfg.checkpoint, model, optimizer, epoch + 1, step, history, cfg, info)
+                snapshots.save(partial(checkpoint_state, model, optimizer, epoch + 1, step, history, cfg, info), info)
+    snapshots.close()  # the run is not over before its last snapshot is on disk
     if hasattr(optimizer, "finish"):  # local SGD, DiLoCo: the ranks agree on the weights they end with
         optimizer.finish()
     comm["allreduces"], comm["bytes"] = comm_totals(comm, model)
     summary = make_summary(cfg, info, step, history, comm, time.perf_counter() - start)
+    summary["checkpoint_saves"], summary["checkpoint_stall_seconds"] = snapshots.saves, round(snapshots.stalled, 4)
     summary["held_bytes"] = held_per_rank(model, optimizer, info)
     weights = full_weights(model)  # a collective under fsdp: every rank takes part
     if info.is_main:

@@ -179,8 +179,19 @@ def report_train(result, cfg) -> int:
                     f"{result.world_size} x {result.backend}"
                     + (f" behind an emulated link ({summary['link']})" if summary.get("link") else "")
                     + f" in {result.wall_time:.1f}s", *stopped,
-                    f"equivalence: {summary['equivalence']}", f"run folder: {result.run_dir}"])
+                    *snapshot_line(summary, cfg), f"equivalence: {summary['equivalence']}",
+                    f"run folder: {result.run_dir}"])
     return 0
+
+
+def snapshot_line(summary: dict, cfg) -> list[str]:
+    """With --checkpoint, how long the saves kept rank 0 from training, and how they were written."""
+    if not cfg.checkpoint or not summary.get("checkpoint_saves"):
+        return []
+    how = ("async: rank 0 copied the state, a thread wrote it" if cfg.async_checkpoint
+           else "rank 0 wrote each while every rank waited; --async-checkpoint hides the write")
+    return [f"{summary['checkpoint_saves']} snapshot(s) to {cfg.checkpoint}; training waited "
+            f"{summary['checkpoint_stall_seconds']:.3f}s in all on rank 0 ({how})"]
 
 
 def interrupted(exc: KeyboardInterrupt) -> str:

@@ -97,6 +97,9 @@ class TrainConfig:
     checkpoint: str = option("", "after every epoch rank 0 saves model, optimizer, epoch and history here (written "
                                  "whole, then renamed into place; a file already there is replaced); a restart resumes "
                                  "from it")
+    async_checkpoint: bool = option(False, "with --checkpoint: rank 0 copies the state into CPU memory and a background "
+                                           "thread writes the file while training goes on, so no rank waits for the "
+                                           "disk (the next save and the end of the run wait for the last write)")
     resume: str = option("", "continue from this checkpoint (every rank loads it)")
     stop_after: int = option(0, "stop after this many epochs, as if interrupted (0: never)", minimum=0)
     fail_at: str = option("", "EPOCH:RANK: that rank kills itself (SIGKILL) halfway through that epoch (1-based), "

@@ -154,6 +154,9 @@ def validate(cfg, world_size: int = 1) -> None:
     check_data(cfg)
     if cfg.fail_at:
         fault(cfg, world_size)
+    if cfg.async_checkpoint and not cfg.checkpoint:
+        raise UsageError("--async-checkpoint changes how --checkpoint writes its snapshots, and there is no "
+                         "--checkpoint FILE: add one or drop --async-checkpoint.")
     check_paths(cfg)
     if train_samples(cfg) < world_size:
         raise UsageError(f"samples={cfg.samples} is fewer than world_size={world_size}: some ranks would "
