@@ -46,13 +46,17 @@ html_title = project
 html_show_sourcelink = False
 html_copy_source = False
 html_last_updated_fmt = None
-html_context = {"default_mode": "auto", "other_lang": stage["other"], "repository": stage["repository"],
-                "labels": stage["labels"]}
+html_context = {"default_mode": "auto", "other_lang": stage["other"], "home": stage["home"], "labels": stage["labels"],
+                "built": stage["built"]}
 html_theme_options = {
     "show_toc_level": 2,
     "use_download_button": False,
     "use_fullscreen_button": False,
-    "article_header_end": ["course-links.html", "toggle-secondary-sidebar.html"],
+    # the theme's own buttons (repository, theme, search, contents) after the course's links: at every width
+    "article_header_end": ["course-links.html", "article-header-buttons.html"],
+    "repository_url": stage["home"]["url"],
+    "repository_branch": stage["home"]["branch"],
+    "use_repository_button": True,
     "home_page_in_toc": True,
     "navigation_with_keys": False,
     "footer_content_items": ["licence.html"],

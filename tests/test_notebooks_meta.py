@@ -11,10 +11,11 @@ import nbformat
 import pytest
 
 import dp_helpers
+from tools import repository
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted(p for p in (REPO / "notebooks").glob("[0-9][0-9]_*.ipynb") if not p.name.endswith(".zh-CN.ipynb"))
-URL = re.search(r'^Repository = "(.+)"$', (REPO / "pyproject.toml").read_text(), re.M).group(1)
+HOME = repository.home()  # pyproject.toml's repository and branch
 
 
 def code_cells(path):
@@ -28,15 +29,13 @@ def test_there_are_notebooks():
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_badges_point_at_this_notebook(path):
     first = nbformat.read(path, as_version=4).cells[0].source
-    slug = URL.removeprefix("https://github.com/")
-    assert f"colab.research.google.com/github/{slug}/blob/main/notebooks/{path.name}" in first
-    assert f"kaggle.com/kernels/welcome?src={URL}/blob/main/notebooks/{path.name}" in first
+    assert HOME.colab(f"notebooks/{path.name}") in first and HOME.kaggle(f"notebooks/{path.name}") in first
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_setup_cell_installs_when_missing(path):
     setup = code_cells(path)[0].source
-    assert 'find_spec("dp_helpers") is None' in setup and URL in setup and "report()" in setup
+    assert 'find_spec("dp_helpers") is None' in setup and HOME.clone() in setup and "report()" in setup
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

@@ -21,7 +21,7 @@ def test_links_become_links_between_pages_or_to_the_repository():
             "[c](README.zh-CN.md) [d](https://pytorch.org) [e](#quick-start)")
     out = site.rewrite_links(text, readme, "index.md", "en")
     assert "[a](notebooks/03_ddp_sampler_allreduce.ipynb#top)" in out
-    assert f"[b](https://github.com/{site.REPOSITORY}/blob/main/dp_helpers/scripts/article_spawn.py)" in out
+    assert f"[b]({site.repository.home().file('dp_helpers/scripts/article_spawn.py')})" in out
     assert '<a href="zh-CN/index.html">c</a>' in out and "[d](https://pytorch.org)" in out and "[e](#quick-start)" in out
     zh = site.rewrite_links("[`03.ipynb`](03_ddp_sampler_allreduce.ipynb) [g](../docs/glossary.md)",
                             NB03.with_name(NB03.stem + ".zh-CN.ipynb"), "notebooks/03_ddp_sampler_allreduce.ipynb",

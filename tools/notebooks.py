@@ -21,9 +21,10 @@ from pathlib import Path
 import nbformat
 
 try:
-    from tools import edition
+    from tools import edition, repository
 except ImportError:  # run as a script: tools/ is on sys.path, not the repository
     import edition
+    import repository
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 MAX_BYTES = 2_000_000
@@ -53,7 +54,15 @@ def problems(path: Path) -> list[str]:
         found.append("the first cell is not a '# Title' markdown cell")
     text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
     found += [f"no '{heading}' section" for heading in SKELETON if heading not in text]
-    return found + stale_listings(code)
+    return found + stale_listings(code) + elsewhere(nb)
+
+
+def elsewhere(nb) -> list[str]:
+    """Cells whose Colab/Kaggle links or clone disagree with pyproject.toml's repository and branch."""
+    where = repository.home()
+    cells = [i for i, c in enumerate(nb.cells) if repository.stamp(c.source, where) != c.source]
+    return [f"cells {cells} point at another repository or branch than pyproject.toml's: run python "
+            "tools/repository.py"] if cells else []
 
 
 LISTING = re.compile(r"^# (\S+?)(?:, line (\d+))?$", re.M)  # show()'s head of each part: a path in the repo or torch's name

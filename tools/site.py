@@ -23,26 +23,33 @@ from pathlib import Path
 
 import nbformat
 
+try:
+    from tools import repository
+except ImportError:  # run as a script: tools/ is on sys.path, not the repository
+    import repository
+
 ROOT = Path(__file__).resolve().parent.parent
 SITE = ROOT / "site"
-REPOSITORY = "dp-course/data-parallelism"  # pyproject.toml's Repository URL: the Colab and Kaggle links open it
 LANGS = {
     "en": {"suffix": "", "root": "", "readme": "README.md", "name": "English", "code": "en",
            "title": "Data parallelism in PyTorch",
            "solutions": "Solutions", "solution": "Solution to exercise {n}", "colab": "Open in Colab",
            "kaggle": "Open in Kaggle", "download": "Download .ipynb", "route": "The route",
-           "licence": "Code, text and figures under the MIT licence"},
+           "licence": "Code, text and figures under the MIT licence", "built": "Built {date} from commit {commit}",
+           "changes": " with local changes", "report": "Report a problem"},
     "zh-CN": {"suffix": ".zh-CN", "root": "zh-CN/", "readme": "README.zh-CN.md", "name": "简体中文", "code": "zh-CN",
               "title": "PyTorch 数据并行",
               "solutions": "参考答案", "solution": "练习 {n} 的参考答案", "colab": "在 Colab 中打开",
               "kaggle": "在 Kaggle 中打开", "download": "下载 .ipynb", "route": "学习路线",
-              "licence": "代码、文字和图均采用 MIT 许可证"},
+              "licence": "代码、文字和图均采用 MIT 许可证", "built": "{date} 构建自提交 {commit}",
+              "changes": "（含未提交的改动）", "report": "报告问题"},
 }
 DOCS = ("glossary", "source-article")
 LINK = re.compile(r"(!?)\[([^\]]*)\]\(([^)\s]+)\)")
 BADGE = re.compile(r"\[!\[([^\]]*)\]\([^)]*\)\]\(([^)]*)\)")
 CODE = re.compile(r"`([^`]*)`")
 HAN = re.compile(r"[\u4e00-\u9fff]{2,}")
+CROSS_LINK = re.compile(r"## (中文版|English)\n")  # a notebook's link to its other edition, for readers outside the site
 
 
 def english_notebooks() -> list[Path]:
@@ -124,8 +131,7 @@ def rewrite_links(text: str, source: Path, page: str, lang: str) -> str:
             repo_path = file.relative_to(ROOT).as_posix()
         except ValueError:
             return m.group(0)
-        kind = "tree" if file.is_dir() else "blob"
-        return f"[{label}](https://github.com/{REPOSITORY}/{kind}/main/{repo_path}{anchor})"
+        return f"[{label}]({repository.home().file(repo_path, folder=file.is_dir())}{anchor})"
 
     return LINK.sub(one, BADGE.sub("", text)).replace("\n\n \n", "\n\n")  # the badges: each page's header has them
 
@@ -148,6 +154,7 @@ def stage_notebook(english: Path, lang: str, out: Path) -> None:
     """One notebook page: its links rewritten, its solutions appended; the .ipynb itself kept for download."""
     source, page = source_of(lang, english), f"notebooks/{english.name}"
     nb = nbformat.read(source, as_version=4)
+    nb.cells = [c for c in nb.cells if not CROSS_LINK.match(c.source)]  # the header links the other language
     for cell in nb.cells:
         if cell.cell_type == "markdown":
             cell.source = rewrite_links(cell.source, source, page, lang)
@@ -212,11 +219,31 @@ def stage(lang: str, out: Path) -> dict:
         stage_notebook(nb, lang, out)
     other = next(v for k, v in LANGS.items() if k != lang)
     words = LANGS[lang]
-    return {"lang": lang, "title": words["title"], "repository": REPOSITORY, "mathjax": str(mathjax(out)),
+    return {"lang": lang, "title": words["title"], "home": home_links(), "mathjax": str(mathjax(out)),
             "downloads": str(out / "_downloads_"), "jieba_dict": str(jieba_dict(out)),
             "other": {"name": other["name"], "code": other["code"],  # root: the other site, from this one's root
                       "root": os.path.relpath(other["root"] or ".", words["root"] or ".") + "/"},
-            "labels": {k: words[k] for k in ("suffix", "colab", "kaggle", "download", "licence")}}
+            "labels": {k: words[k] for k in ("suffix", "colab", "kaggle", "download", "licence", "changes", "report")},
+            "built": words["built"]}
+
+
+def home_links() -> dict:
+    """Where the pages link into the repository (pyproject.toml's), and the commit and date of this build."""
+    where = repository.home()
+    return {"url": where.url, "branch": where.branch, "colab": where.colab(""), "kaggle": where.kaggle(""), "licence": where.file("LICENSE"),
+            "issues": f"{where.url}/issues", **built_from()}
+
+
+def built_from() -> dict:
+    """This build's commit (short; `changes` when the checkout differs from it) and UTC date (SOURCE_DATE_EPOCH's)."""
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    sha = git("rev-parse", "HEAD")
+    stamp = time.gmtime(int(os.environ.get("SOURCE_DATE_EPOCH", time.time())))
+    return {"commit": sha[:7] or "unknown", "commit_url": f"{repository.home().url}/commit/{sha}" if sha else "",
+            "changes": bool(git("status", "--porcelain", "--untracked-files=no")), "date": time.strftime("%Y-%m-%d", stamp)}
 
 
 def build(out: Path, work: Path) -> None:

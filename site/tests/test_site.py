@@ -11,6 +11,8 @@ import html.parser
 import os
 import re
 import shutil
+import subprocess
+import sys
 import threading
 import urllib.parse
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -19,6 +21,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # tools.repository: where the pages must link
 SITE = Path(os.environ.get("DP_SITE_DIR", ROOT / "build" / "site")).resolve()
 CHROMIUM = os.environ.get("DP_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 # flags for a closed network: without the background ones Chromium keeps calling Google's hosts
@@ -188,11 +191,20 @@ def test_every_notebook_page_links_colab_kaggle_the_ipynb_and_the_other_language
         assert any(h.endswith(f"{other}notebooks/{page.stem}.html") for h in hrefs), page
 
 
-def test_every_page_names_its_licence_in_the_footer(server):  # server: skips, saying why, without a site
+def test_every_page_names_its_licence_build_and_where_to_report_in_the_footer(server):  # server: skips without a site
+    from tools import repository
+
+    home, sha = repository.home(), subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=ROOT,
+                                                  capture_output=True, text=True).stdout.strip()
     pages = [page for page in html_pages() if page.name not in ("search.html", "genindex.html")]
     assert pages, f"no pages under {SITE}"
     for page in pages:
-        assert any(h.endswith("/blob/main/LICENSE") for h in parsed(SITE / page).hrefs), page
+        text, hrefs = (SITE / page).read_text(encoding="utf-8"), parsed(SITE / page).hrefs
+        assert home.file("LICENSE") in hrefs and f"{home.url}/issues" in hrefs, page
+        built = re.search(r'class="course-built">(.*?)</span>', text, re.S)
+        assert built and re.search(r"\d{4}-\d\d-\d\d", built[1]), page  # the date it was built
+        assert not sha or f">{sha}</a>" in built[1], page  # the commit, linked (the build's checkout is this one)
+        assert all(home.slug in h for h in hrefs if "github.com/" in h and "/issues" not in h), page
 
 
 def test_math_is_typeset_and_code_has_a_copy_button(server, browser):
@@ -224,3 +236,28 @@ def test_search_excerpts_hold_no_header_links_or_contents(server, browser):
     found = search_page(browser, server, "zh-CN/", "分片",
                         "lis => lis.map(li => li.querySelector('p.context')).filter(p => p).map(p => p.textContent)")
     assert found and not any("Kaggle" in text or "目录" in text for text in found), found
+
+
+@pytest.mark.parametrize("width", [1400, 390])
+def test_search_and_the_theme_toggle_work_at_every_width(server, browser, width):
+    page = browser.new_page(viewport={"width": width, "height": 900})
+    for root in ("", "zh-CN/"):
+        page.goto(f"{server}/{root}notebooks/04_ddp_from_scratch.html", wait_until="networkidle")
+        mode = "() => document.documentElement.dataset.mode"
+        before = page.evaluate(mode)
+        page.locator(".bd-header-article .theme-switch-button").click()
+        assert page.evaluate(mode) != before  # light, dark, auto: each click the next
+        page.locator(".bd-header-article .search-button__button").click()
+        field = page.locator(".search-button__search-container input[name=q]")
+        field.wait_for(state="visible", timeout=5_000)
+        field.fill("bucket")
+        field.press("Enter")
+        page.wait_for_url("**/search.html?q=bucket*", timeout=10_000)
+    page.close()
+
+
+def test_the_other_editions_link_is_no_heading_on_the_site():
+    for page in html_pages():
+        if len(page.parts) >= 2 and page.parts[-2] == "notebooks":
+            text = (SITE / page).read_text(encoding="utf-8")
+            assert not re.search(r"<h2[^>]*>\s*(中文版|English)", text), page
