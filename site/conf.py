@@ -47,7 +47,7 @@ html_show_sourcelink = False
 html_copy_source = False
 html_last_updated_fmt = None
 html_context = {"default_mode": "auto", "other_lang": stage["other"], "home": stage["home"], "labels": stage["labels"],
-                "built": stage["built"]}
+                "built": stage["built"], "description": stage["description"]}
 html_theme_options = {
     "show_toc_level": 2,
     "use_download_button": False,

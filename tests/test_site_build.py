@@ -22,7 +22,7 @@ def test_links_become_links_between_pages_or_to_the_repository():
     out = site.rewrite_links(text, readme, "index.md", "en")
     assert "[a](notebooks/03_ddp_sampler_allreduce.ipynb#top)" in out
     assert f"[b]({site.repository.home().file('dp_helpers/scripts/article_spawn.py')})" in out
-    assert '<a href="zh-CN/index.html">c</a>' in out and "[d](https://pytorch.org)" in out and "[e](#quick-start)" in out
+    assert '<a href="zh-CN/readme.html">c</a>' in out and "[d](https://pytorch.org)" in out and "[e](#quick-start)" in out
     zh = site.rewrite_links("[`03.ipynb`](03_ddp_sampler_allreduce.ipynb) [g](../docs/glossary.md)",
                             NB03.with_name(NB03.stem + ".zh-CN.ipynb"), "notebooks/03_ddp_sampler_allreduce.ipynb",
                             "zh-CN")
@@ -46,3 +46,15 @@ def test_each_solution_is_a_closed_dropdown_at_the_end():
 def test_the_glossary_terms_are_whole_words_for_the_chinese_index(tmp_path):
     words = site.jieba_dict(tmp_path).read_text(encoding="utf-8").split()
     assert "梯度累积" in words and "全归约" in words and "gradient" not in words
+
+
+def test_the_front_page_says_where_to_start_and_lists_the_route_with_its_times():
+    for lang in ("en", "zh-CN"):
+        page = site.front_page(lang)
+        assert ":link: notebooks/00_ddp_in_one_picture" in page and "{" + "route}" not in page
+        for nb in site.english_notebooks():
+            assert f"](notebooks/{nb.name})" in page, (lang, nb.name)
+        assert "(readme.md)" in page and f"{site.repository.home().url}/issues" in page
+    said = re.search(r"The core route adds up to (\d+) minutes", (site.ROOT / "notebooks" / "00_ddp_in_one_picture.ipynb")
+                     .read_text(encoding="utf-8"))
+    assert said and site.core_minutes("en") == site.core_minutes("zh-CN") == int(said[1])

@@ -33,14 +33,18 @@ SITE = ROOT / "site"
 LANGS = {
     "en": {"suffix": "", "root": "", "readme": "README.md", "name": "English", "code": "en",
            "title": "Data parallelism in PyTorch",
+           "description": "Data parallelism in PyTorch, taught by running it: DataParallel, DDP, FSDP2 and fault "
+                          "tolerance, each step checked against one process; runs on a CPU, Colab and Kaggle.",
            "solutions": "Solutions", "solution": "Solution to exercise {n}", "colab": "Open in Colab",
-           "kaggle": "Open in Kaggle", "download": "Download .ipynb", "route": "The route",
+           "kaggle": "Open in Kaggle", "download": "Download .ipynb", "route": "The route", "readme_title": "The repository's README",
            "licence": "Code, text and figures under the MIT licence", "built": "Built {date} from commit {commit}",
            "changes": " with local changes", "report": "Report a problem"},
     "zh-CN": {"suffix": ".zh-CN", "root": "zh-CN/", "readme": "README.zh-CN.md", "name": "简体中文", "code": "zh-CN",
               "title": "PyTorch 数据并行",
+              "description": "PyTorch 数据并行，边运行边学：DataParallel、DDP、FSDP2 与容错训练，每一步都与单进程对照检查；"
+                             "CPU、Colab 和 Kaggle 上都能运行。",
               "solutions": "参考答案", "solution": "练习 {n} 的参考答案", "colab": "在 Colab 中打开",
-              "kaggle": "在 Kaggle 中打开", "download": "下载 .ipynb", "route": "学习路线",
+              "kaggle": "在 Kaggle 中打开", "download": "下载 .ipynb", "route": "学习路线", "readme_title": "仓库的 README",
               "licence": "代码、文字和图均采用 MIT 许可证", "built": "{date} 构建自提交 {commit}",
               "changes": "（含未提交的改动）", "report": "报告问题"},
 }
@@ -70,7 +74,7 @@ def pages(lang: str) -> dict[Path, tuple[str, str]]:
     language's."""
     mapping = {}
     for lang_ in sorted(LANGS, key=lambda k: k == lang):  # this language last: it keeps the files both share
-        mapping[ROOT / LANGS[lang_]["readme"]] = (lang_, "index.md")
+        mapping[ROOT / LANGS[lang_]["readme"]] = (lang_, "readme.md")
         for nb in english_notebooks():
             mapping[source_of(lang_, nb)] = (lang_, f"notebooks/{nb.name}")
         for doc in DOCS:
@@ -174,11 +178,39 @@ def stage_markdown(source: Path, page: str, lang: str, out: Path, toctree: str =
     (out / page).write_text(text + toctree, encoding="utf-8")
 
 
+def front_page(lang: str) -> str:
+    """The site's landing page (site/front/): what the course is, for whom, where to start, the route and its times."""
+    first, home = english_notebooks()[0], repository.home()
+    fills = {"start": f"notebooks/{first.stem}", "start_title": title(source_of(lang, first)), "route": route_table(lang),
+             "core_minutes": str(core_minutes(lang)), "repository": home.url, "issues": f"{home.url}/issues"}
+    text = (SITE / "front" / f"{lang}.md").read_text(encoding="utf-8")
+    for key, value in fills.items():
+        text = text.replace("{" + key + "}", value)
+    return text
+
+
+def route_table(lang: str) -> str:
+    """Notebook 00's route table, each notebook's name a link to its page."""
+    nb0 = nbformat.read(source_of(lang, english_notebooks()[0]), as_version=4)
+    table = next(c.source for c in nb0.cells if c.cell_type == "markdown" and "| 00 |" in c.source)
+    lines = [line for line in table.splitlines() if line.startswith("|")]
+    pages_by_number = {nb.name[:2]: nb.name for nb in english_notebooks()}
+    rows = [[re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", cell) for cell in cells]  # the notebook's own links dropped
+            for cells in route_rows(lang).values()]
+    body = [f"| {r[0]} | [{r[1]}](notebooks/{pages_by_number[r[0]]}) | " + " | ".join(r[2:]) + " |" for r in rows]
+    return "\n".join(lines[:2] + body)
+
+
+def core_minutes(lang: str) -> int:
+    """The core route's time: the sum of the minutes in notebook 00's 'on the core route' column."""
+    return sum(int(re.search(r"\d+", r[3])[0]) for r in route_rows(lang).values() if re.search(r"\d", r[3]))
+
+
 def toctree(lang: str) -> str:
     """The sidebar: the route's notebooks with their times, then the glossary and the source article."""
     entries = "\n".join(f"{title} <{page}>" for page, title in route(lang))
     return (f"\n\n```{{toctree}}\n:hidden:\n:caption: {LANGS[lang]['route']}\n\n{entries}\n```\n\n"
-            "```{toctree}\n:hidden:\n\ndocs/glossary\ndocs/source-article\n```\n")
+            f"```{{toctree}}\n:hidden:\n\n{LANGS[lang]['readme_title']} <readme>\ndocs/glossary\ndocs/source-article\n```\n")
 
 
 def jieba_dict(out: Path) -> Path:
@@ -212,7 +244,8 @@ def stage(lang: str, out: Path) -> dict:
     """Every source file of one language's site, in out/; returns what conf.py reads."""
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    stage_markdown(ROOT / LANGS[lang]["readme"], "index.md", lang, out, toctree(lang))
+    (out / "index.md").write_text(front_page(lang) + toctree(lang), encoding="utf-8")
+    stage_markdown(ROOT / LANGS[lang]["readme"], "readme.md", lang, out)
     for doc in DOCS:
         stage_markdown(source_of(lang, ROOT / "docs" / f"{doc}.md"), f"docs/{doc}.md", lang, out)
     for nb in english_notebooks():
@@ -224,7 +257,7 @@ def stage(lang: str, out: Path) -> dict:
             "other": {"name": other["name"], "code": other["code"],  # root: the other site, from this one's root
                       "root": os.path.relpath(other["root"] or ".", words["root"] or ".") + "/"},
             "labels": {k: words[k] for k in ("suffix", "colab", "kaggle", "download", "licence", "changes", "report")},
-            "built": words["built"]}
+            "built": words["built"], "description": words["description"]}
 
 
 def home_links() -> dict:

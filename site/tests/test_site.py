@@ -261,3 +261,17 @@ def test_the_other_editions_link_is_no_heading_on_the_site():
         if len(page.parts) >= 2 and page.parts[-2] == "notebooks":
             text = (SITE / page).read_text(encoding="utf-8")
             assert not re.search(r"<h2[^>]*>\s*(中文版|English)", text), page
+
+
+def test_the_front_page_is_a_course_page_that_fits_a_phone(server, browser):
+    page = browser.new_page(viewport={"width": 390, "height": 800})
+    for root in ("", "zh-CN/"):
+        page.goto(f"{server}/{root}index.html", wait_until="networkidle")
+        start = page.locator("a.sd-stretched-link").first  # the "start here" card
+        assert start.get_attribute("href").endswith("notebooks/00_ddp_in_one_picture.html")
+        assert page.locator(".bd-article a[href$='readme.html']").count() >= 1  # the repository's README, one click on
+        height = page.evaluate("() => document.documentElement.scrollHeight")
+        assert height < 8000, height  # the README was ~48,500 px tall on a phone
+        assert page.locator("meta[name=description]").get_attribute("content")
+        assert page.locator("link[rel=alternate][hreflang]").count() == 1
+    page.close()
