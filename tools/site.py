@@ -53,6 +53,8 @@ LINK = re.compile(r"(!?)\[([^\]]*)\]\(([^)\s]+)\)")
 BADGE = re.compile(r"\[!\[([^\]]*)\]\([^)]*\)\]\(([^)]*)\)")
 CODE = re.compile(r"`([^`]*)`")
 HAN = re.compile(r"[\u4e00-\u9fff]{2,}")
+# IPython's Code display: a copy of the highlighting stylesheet before each listing (light colours, even in dark mode)
+LISTING_STYLE = re.compile(r"<style>pre \{ line-height: 125%; \}.*?</style>(?=<div class=\"highlight\">)", re.S)
 CROSS_LINK = re.compile(r"## (中文版|English)\n")  # a notebook's link to its other edition, for readers outside the site
 
 
@@ -162,6 +164,10 @@ def stage_notebook(english: Path, lang: str, out: Path) -> None:
     for cell in nb.cells:
         if cell.cell_type == "markdown":
             cell.source = rewrite_links(cell.source, source, page, lang)
+        for output in cell.get("outputs", []):
+            html = output.get("data", {}).get("text/html")
+            if html and LISTING_STYLE.match(html):  # show()'s listing: the site's own highlighting styles it
+                output["data"]["text/html"] = LISTING_STYLE.sub("", html, count=1)
     extra = solutions_cell(english, lang)
     if extra is not None:
         nb.cells.append(extra)

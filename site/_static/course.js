@@ -13,6 +13,22 @@ document.addEventListener("DOMContentLoaded", () => {
       });
     });
   }
+  // A long output (a listing, a diff, a log) is capped at about 30 lines, with a button that shows all of it;
+  // figures are never capped.
+  const zh = document.documentElement.lang.startsWith("zh");
+  const more = zh ? "展开全部输出" : "Show the whole output", less = zh ? "收起" : "Show less";
+  document.querySelectorAll(".cell_output").forEach((output) => {
+    if (output.querySelector("img") || output.scrollHeight <= 720) return;
+    output.classList.add("course-capped");
+    const button = document.createElement("button");
+    button.className = "course-expand";
+    button.type = "button";
+    button.textContent = more;
+    button.addEventListener("click", () => {
+      button.textContent = output.classList.toggle("course-capped") ? more : less;
+    });
+    output.after(button);
+  });
   // On the search page the language switch keeps the query.
   if (location.pathname.endsWith("/search.html")) {
     document.querySelectorAll("a.course-lang").forEach((a) => { a.href += location.search; });

@@ -275,3 +275,17 @@ def test_the_front_page_is_a_course_page_that_fits_a_phone(server, browser):
         assert page.locator("meta[name=description]").get_attribute("content")
         assert page.locator("link[rel=alternate][hreflang]").count() == 1
     page.close()
+
+
+def test_a_long_output_is_capped_until_its_button_is_clicked_and_listings_share_one_stylesheet(server, browser):
+    def fold(page):
+        output = page.locator(".course-capped").first.element_handle()  # it loses the class when opened
+        capped = output.evaluate("o => o.getBoundingClientRect().height")
+        page.locator(".course-expand").first.click()
+        return capped, output.evaluate("o => o.getBoundingClientRect().height"), page.locator(".course-capped").count()
+
+    for root in ("", "zh-CN/"):
+        seen = visit(browser, f"{server}/{root}notebooks/00_ddp_in_one_picture.html", fold)["acted"]
+        assert seen[0] <= 36 * 16 + 1 and seen[1] > 2 * seen[0], seen  # the side-by-side diff: ~2,500 px whole
+    for page in html_pages():
+        assert "pre { line-height: 125%; }" not in (SITE / page).read_text(encoding="utf-8"), page
