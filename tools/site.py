@@ -24,9 +24,10 @@ from pathlib import Path
 import nbformat
 
 try:
-    from tools import repository
+    from tools import repository, site_assets
 except ImportError:  # run as a script: tools/ is on sys.path, not the repository
     import repository
+    import site_assets
 
 ROOT = Path(__file__).resolve().parent.parent
 SITE = ROOT / "site"
@@ -294,6 +295,7 @@ def build(out: Path, work: Path) -> None:
         dest = out / words["root"]
         cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-q", "-c", str(SITE), str(work / lang), str(dest)]
         subprocess.run(cmd, check=True, env={**os.environ, "DP_SITE_STAGE": json.dumps(settings)})
+        site_assets.lighten(dest, skip=tuple(w["root"].strip("/") for w in LANGS.values() if w["root"]))
         print(f"{lang}: {dest} ({time.monotonic() - began:.0f} s)")
     (out / ".nojekyll").write_text("")  # GitHub Pages: serve _static/ as it is
 

@@ -289,3 +289,42 @@ def test_a_long_output_is_capped_until_its_button_is_clicked_and_listings_share_
         assert seen[0] <= 36 * 16 + 1 and seen[1] > 2 * seen[0], seen  # the side-by-side diff: ~2,500 px whole
     for page in html_pages():
         assert "pre { line-height: 125%; }" not in (SITE / page).read_text(encoding="utf-8"), page
+
+
+def loaded(browser, url: str) -> list[tuple[str, int]]:
+    """Each file a page loaded from this site, with its size on disk."""
+    page, files = browser.new_page(), []
+    page.on("requestfinished", lambda r: files.append(urllib.parse.unquote(urllib.parse.urlsplit(r.url).path)))
+    page.goto(url, wait_until="networkidle")
+    page.close()
+    return [(f, (SITE / f.lstrip("/")).stat().st_size if (SITE / f.lstrip("/")).is_file() else 0) for f in files]
+
+
+def test_a_notebook_page_is_light(server, browser):
+    """At most 15 requests; without math at most 1 MB besides its figures (MathJax alone is 1.2 MB); figures said."""
+    for page in html_pages():
+        if len(page.parts) < 2 or page.parts[-2] != "notebooks":
+            continue
+        files = loaded(browser, f"{server}/{page.as_posix()}")
+        figures = sum(size for name, size in files if "/_images/" in name)
+        rest = sum(size for name, size in files if "/_images/" not in name)
+        assert len(files) <= 15, (page, [name for name, _ in files])
+        if not any("mathjax" in name for name, _ in files):
+            assert rest <= 1_000_000, (page, rest, figures)
+        print(f"{page}: {len(files)} requests, {rest // 1000} kB + figures {figures // 1000} kB")
+
+
+def test_the_spans_the_site_leaves_out_of_listings_had_the_listings_own_colour(server, browser):
+    """tools/site_assets.py drops <span class="n|p|w"> from listings: true only while they draw in the base colour."""
+    def colours(page):
+        return page.evaluate("""() => { const pre = document.createElement('div'); pre.className = 'highlight';
+            pre.innerHTML = '<pre>x<span class="n">n</span><span class="p">p</span><span class="w">w</span></pre>';
+            document.body.append(pre);
+            return [...pre.querySelectorAll('pre, span')].map(e => getComputedStyle(e).color); }""")
+
+    for theme in ("light", "dark"):
+        def look(page, theme=theme):
+            page.evaluate(f"() => document.documentElement.dataset.theme = '{theme}'")
+            return colours(page)
+        seen = visit(browser, f"{server}/notebooks/04_ddp_from_scratch.html", look)["acted"]
+        assert len(set(seen)) == 1, (theme, seen)
