@@ -19,7 +19,7 @@ NOT_NAMES = {"fa-lg", "fa-fw", *PACKS}
 STYLESHEET = re.compile(r'<link (?:href="([^"]+)" rel="stylesheet"|rel="stylesheet" type="text/css" href="([^"]+)") />\n?')
 SCRIPT = re.compile(r'<script( defer)?( data-[\w-]+="[^"]*")? src="([^"]+)"></script>\n?')
 PRELOAD = re.compile(r'<link rel="preload" as="script" href="[^"]+" />\n?')
-SEARCH = ("_static/searchtools.js", "_static/language_data.js", "searchindex.js")  # the search page's own
+SEARCH = ("searchtools.js", "language_data.js")  # under _static/, with searchindex.js: the search page's own
 GLYPHS = re.compile(r'(?:\.fa-[\w-]+,?)+\{--fa:"[^"]*"(?:;--fa--fa:"[^"]*")?\}')  # icon -> font glyph: SVG now
 # highlighted names, punctuation and spaces are drawn in the listing's own colour in both of the theme's styles (a
 # browser test checks it), so their 10,000 spans on a long page (~140 kB) go and their text stays
@@ -117,8 +117,7 @@ def lighten_page(text: str, page: Path, bundles: Bundles) -> str:
         text = STYLESHEET.sub(lambda m: link if m.start() == first.start() else "", text)
     for deferred in (False, True):  # positions are read again after each change
         scripts = [(m, to_static(m[3], page, site)) for m in SCRIPT.finditer(text)]
-        group = [(m, src) for m, src in scripts if bool(m[1]) == deferred and src and src not in SEARCH
-                 and not m[3].endswith("searchindex.js")]
+        group = [(m, src) for m, src in scripts if bool(m[1]) == deferred and src and src not in SEARCH]
         if group:
             href = bundles.href("deferred" if deferred else "js", [src for _, src in group], page)
             attributes = "".join(m[2] for m, _ in group if m[2])  # design-tabs reads its data- attribute off its tag

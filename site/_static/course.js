@@ -29,9 +29,28 @@ document.addEventListener("DOMContentLoaded", () => {
     });
     output.after(button);
   });
-  // On the search page the language switch keeps the query.
+  // On the search page the language switch keeps the query, and the page says how many pages the other edition
+  // finds for it: its own search runs in a hidden frame (which does not look further itself).
   if (location.pathname.endsWith("/search.html")) {
     document.querySelectorAll("a.course-lang").forEach((a) => { a.href += location.search; });
+    const other = document.querySelector("a.course-lang");
+    const query = new URLSearchParams(location.search).get("q");
+    if (other && query && window.parent === window) countElsewhere(other, zh);
+  }
+  // A term joined by a hyphen or a dot (all-reduce, torch.compile) is highlighted whole, on the search page and on
+  // the page a result opens, not only its last part (Sphinx splits it and drops "all" as a stop word).
+  if (typeof Search !== "undefined") {
+    const parse = Search._parseQuery;
+    Search._parseQuery = (query) => {
+      const parsed = parse(query), highlight = parsed[3];
+      const joined = query.toLowerCase().trim().split(/\s+/).filter((word) => /\w[-.]\w/.test(word));
+      joined.forEach((word) => {
+        splitQuery(word).forEach((part) => highlight.delete(part.toLowerCase()));
+        highlight.add(word);
+      });
+      if (joined.length) localStorage.setItem("sphinx_highlight_terms", [...highlight].join(" "));
+      return parsed;
+    };
   }
   // A search result's excerpt comes from the page's text, not from its header links or its (printed) contents.
   if (typeof Search !== "undefined") {
@@ -43,3 +62,27 @@ document.addEventListener("DOMContentLoaded", () => {
     };
   }
 });
+
+// Run the other edition's search for this page's query in a hidden frame; say above the results how many it found.
+function countElsewhere(link, zh) {
+  const frame = document.createElement("iframe");
+  frame.hidden = true;
+  frame.src = link.href;
+  document.body.append(frame);
+  const started = Date.now();
+  const poll = setInterval(() => {
+    const summary = frame.contentDocument && frame.contentDocument.querySelector("#search-results .search-summary");
+    if (!summary && Date.now() - started < 20000) return;
+    clearInterval(poll);
+    const found = summary ? frame.contentDocument.querySelectorAll("#search-results ul.search li").length : null;
+    frame.remove();
+    if (found === null) return;
+    const note = document.createElement("p");
+    note.className = "course-elsewhere";
+    const a = document.createElement("a");
+    a.href = link.href;
+    a.textContent = zh ? `英文版找到 ${found} 个页面` : `The Chinese edition finds ${found} page${found === 1 ? "" : "s"}`;
+    note.append(a, zh ? "。" : ".");
+    document.querySelector("#search-results").before(note);
+  }, 200);
+}

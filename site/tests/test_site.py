@@ -328,3 +328,28 @@ def test_the_spans_the_site_leaves_out_of_listings_had_the_listings_own_colour(s
             return colours(page)
         seen = visit(browser, f"{server}/notebooks/04_ddp_from_scratch.html", look)["acted"]
         assert len(set(seen)) == 1, (theme, seen)
+
+
+@pytest.mark.parametrize("root, query, words", [("", "桶", "The Chinese edition finds"),
+                                                ("zh-CN/", "no_sync", "英文版找到")])
+def test_the_search_page_says_what_the_other_edition_finds(server, browser, root, query, words):
+    def note(page):
+        page.wait_for_selector(".course-elsewhere", timeout=30_000)
+        return page.locator(".course-elsewhere").text_content(), page.locator(".course-elsewhere a").get_attribute("href")
+
+    text, href = visit(browser, f"{server}/{root}search.html?q={urllib.parse.quote(query)}", note)["acted"]
+    assert text.startswith(words) and int(re.search(r"\d+", text)[0]) >= 1, text
+    assert href.endswith(f"search.html?q={urllib.parse.quote(query)}")
+
+
+def test_a_hyphenated_term_is_highlighted_whole(server, browser):
+    def marks(page):
+        page.wait_for_selector("#search-results ul.search li span.highlighted", timeout=20_000)
+        here = page.eval_on_selector_all("#search-results span.highlighted", "s => s.map(x => x.textContent.toLowerCase())")
+        page.locator("#search-results ul.search li a").first.click()
+        page.wait_for_selector("span.highlighted", state="attached", timeout=10_000)
+        return here, page.eval_on_selector_all("span.highlighted", "s => s.map(x => x.textContent.toLowerCase())")
+
+    on_search, on_page = visit(browser, f"{server}/search.html?q=all-reduce", marks)["acted"]
+    assert on_search and set(on_search) == {"all-reduce"}, on_search
+    assert on_page and set(on_page) == {"all-reduce"}, on_page
