@@ -36,6 +36,7 @@ document.addEventListener("DOMContentLoaded", () => {
     const other = document.querySelector("a.course-lang");
     const query = new URLSearchParams(location.search).get("q");
     if (other && query && window.parent === window) countElsewhere(other, zh);
+    if (query) linkSections(query.toLowerCase().split(/\s+/).filter((word) => word));
   }
   // A term joined by a hyphen or a dot (all-reduce, torch.compile) is highlighted whole, on the search page and on
   // the page a result opens, not only its last part (Sphinx splits it and drops "all" as a stop word).
@@ -85,4 +86,34 @@ function countElsewhere(link, zh) {
     note.append(a, zh ? "。" : ".");
     document.querySelector("#search-results").before(note);
   }, 200);
+}
+
+// Each page the search lists links to the first section whose own text holds a word of the query, named under it.
+function linkSections(words) {
+  const results = document.querySelector("#search-results");
+  if (!results) return;
+  new MutationObserver(() => {
+    results.querySelectorAll("ul.search li:not([data-section])").forEach((item) => {
+      item.dataset.section = "";
+      const link = item.querySelector("a");
+      if (link && !link.hash) fetch(link.href).then((r) => r.text()).then((html) => nameSection(item, link, html, words));
+    });
+  }).observe(results, { childList: true, subtree: true });
+}
+
+function nameSection(item, link, html, words) {
+  const page = new DOMParser().parseFromString(html, "text/html");
+  for (const section of page.querySelectorAll(".bd-article section[id]")) {
+    const own = section.cloneNode(true);
+    own.querySelectorAll("section").forEach((inner) => inner.remove());
+    const heading = own.querySelector("h1, h2, h3, h4");
+    if (!heading || !words.some((word) => own.textContent.toLowerCase().includes(word))) continue;
+    if (heading.tagName === "H1") return;  // the page's own introduction: the page is the place
+    link.hash = section.id;
+    const name = document.createElement("span");
+    name.className = "course-section";
+    name.textContent = " › " + heading.textContent.replace(/#$/, "").trim();
+    link.after(name);
+    return;
+  }
 }

@@ -353,3 +353,16 @@ def test_a_hyphenated_term_is_highlighted_whole(server, browser):
     on_search, on_page = visit(browser, f"{server}/search.html?q=all-reduce", marks)["acted"]
     assert on_search and set(on_search) == {"all-reduce"}, on_search
     assert on_page and set(on_page) == {"all-reduce"}, on_page
+
+
+def test_a_result_opens_the_section_that_holds_the_term(server, browser):
+    def first(page):
+        page.wait_for_selector("#search-results ul.search li .course-section", timeout=20_000)
+        item = page.locator("#search-results ul.search li").filter(has=page.locator(".course-section")).first
+        return item.locator("a").first.get_attribute("href"), item.locator(".course-section").text_content()
+
+    for root in ("", "zh-CN/"):
+        href, name = visit(browser, f"{server}/{root}search.html?q=no_sync", first)["acted"]
+        assert "#" in href and name.startswith(" › "), (href, name)
+        url = urllib.parse.urlsplit(urllib.parse.urljoin(f"{server}/{root}search.html", href))
+        assert url.fragment in parsed(SITE / url.path.lstrip("/")).ids
