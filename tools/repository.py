@@ -9,6 +9,7 @@ the website (tools/site.py) reads pyproject.toml itself. A fork changes the two 
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 from dataclasses import dataclass
@@ -64,6 +65,7 @@ def read_toml(path: Path) -> dict:
     return tomllib.loads(text)
 
 
+@functools.cache  # read once per process: the site asks it for every link it rewrites
 def home(root: Path = ROOT) -> Home:
     """The repository and branch pyproject.toml names; one sentence if either is missing or not on GitHub."""
     meta = read_toml(root / "pyproject.toml")

@@ -90,11 +90,16 @@ def html_of(lang: str, page: str) -> str:
     return LANGS[lang]["root"] + str(Path(page).with_suffix(".html"))
 
 
+@functools.cache  # asked by the sidebar, the front page's table and its total
+def route_markdown(lang: str) -> str:
+    """Notebook 00's route table in one language, as the notebook writes it (with the paragraphs around it)."""
+    nb0 = nbformat.read(source_of(lang, english_notebooks()[0]), as_version=4)
+    return next(c.source for c in nb0.cells if c.cell_type == "markdown" and "| 00 |" in c.source)
+
+
 def route_rows(lang: str) -> dict[str, list[str]]:
     """Notebook 00's route table in one language: the cells of each notebook's row, by its number."""
-    nb0 = nbformat.read(source_of(lang, english_notebooks()[0]), as_version=4)
-    table = next(c.source for c in nb0.cells if c.cell_type == "markdown" and "| 00 |" in c.source)
-    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in table.splitlines()]
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in route_markdown(lang).splitlines()]
     return {r[0]: r for r in rows if len(r) >= 4 and re.fullmatch(r"\d\d", r[0])}
 
 
@@ -198,9 +203,7 @@ def front_page(lang: str) -> str:
 
 def route_table(lang: str) -> str:
     """Notebook 00's route table, each notebook's name a link to its page."""
-    nb0 = nbformat.read(source_of(lang, english_notebooks()[0]), as_version=4)
-    table = next(c.source for c in nb0.cells if c.cell_type == "markdown" and "| 00 |" in c.source)
-    lines = [line for line in table.splitlines() if line.startswith("|")]
+    lines = [line for line in route_markdown(lang).splitlines() if line.startswith("|")]
     pages_by_number = {nb.name[:2]: nb.name for nb in english_notebooks()}
     rows = [[re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", cell) for cell in cells]  # the notebook's own links dropped
             for cells in route_rows(lang).values()]
