@@ -118,8 +118,8 @@ def test_replicas_average_each_step_over_all_of_them(tmp_path):
 @pytest.mark.long  # fault injection: a replica SIGKILLed, restarted by its torchrun, healed from a live peer
 def test_a_killed_replica_costs_its_share_and_comes_back_bitwise(tmp_path):
     prefix, steps = tmp_path / "ft", 60
-    run_replicas(SCRIPT, "--steps", steps, "--kill", "1:5", "--step-seconds", 0.15, "--join-timeout", 1.5, "--out", prefix, replicas=3,
-                 max_restarts=1, out_dir=tmp_path / "run", timeout=240)
+    run_replicas(SCRIPT, "--steps", steps, "--kill", "1:5", "--step-seconds", 0.15, "--join-timeout", 1.5,
+                 "--rejoin-after", 3, "--out", prefix, replicas=3, max_restarts=1, out_dir=tmp_path / "run", timeout=240)
     survivor = [r for r in records(prefix, 0) if r["ok"]]
     assert [r["step"] for r in survivor] == list(range(steps))  # killed before step 5's quorum: no step lost
     assert [r["members"] for r in survivor[:5]] == [[0, 1, 2]] * 5 and survivor[5]["members"] == [0, 2]
@@ -128,6 +128,20 @@ def test_a_killed_replica_costs_its_share_and_comes_back_bitwise(tmp_path):
     assert 5 < back < steps and survivor[back]["members"] == [0, 1, 2]  # healed, then counted again
     assert second_life[0]["committed"] == survivor[back]["committed"]  # it took the survivors' state, then the step
     torch.testing.assert_close(weights(prefix, 0), replayed([(r["step"], tuple(r["members"])) for r in survivor]))
+    for name, value in weights(prefix, 0).items():
+        assert torch.equal(value, weights(prefix, 1)[name]) and torch.equal(value, weights(prefix, 2)[name])
+
+
+@pytest.mark.slow
+@pytest.mark.long  # found on a fast machine: a restart that beats the join timeout brings back the same membership
+def test_a_replica_back_before_the_quorum_closes_gets_a_new_group_and_is_healed_in_that_step(tmp_path):
+    prefix, steps = tmp_path / "ft", 12
+    run_replicas(SCRIPT, "--steps", steps, "--kill", "1:5", "--step-seconds", 0, "--join-timeout", 60, "--out", prefix,
+                 replicas=3, max_restarts=1, out_dir=tmp_path / "run", timeout=240)
+    survivor = [r for r in records(prefix, 0) if r["ok"]]
+    assert [r["step"] for r in survivor] == list(range(steps))  # no step lost to a group the new process never joined
+    assert all(r["members"] == [0, 1, 2] for r in survivor)  # step 5 waited for it: the same members, a new process
+    assert [r["step"] for r in records(prefix, 1) if r["life"] == 1][0] == 5
     for name, value in weights(prefix, 0).items():
         assert torch.equal(value, weights(prefix, 1)[name]) and torch.equal(value, weights(prefix, 2)[name])
 

@@ -38,12 +38,14 @@ def model_and_optimizer() -> tuple[nn.Module, torch.optim.Optimizer]:
 
 
 def arguments() -> argparse.Namespace:
-    """--steps N, --kill REPLICA:STEP (SIGKILL in its first life), --step-seconds (a slower step), --out PREFIX."""
+    """--steps N, --kill REPLICA:STEP (SIGKILL in its first life), --step-seconds, --join-timeout, --rejoin-after, --out."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--kill", default="", help="REPLICA:STEP, e.g. 1:10")
     parser.add_argument("--step-seconds", type=float, default=0.1, help="each step's pretend compute")
     parser.add_argument("--join-timeout", type=float, default=2.0, help="seconds a quorum waits for a missing replica")
+    parser.add_argument("--rejoin-after", type=float, default=0.0,
+                        help="seconds a replica started again waits before it meets the others (a new machine booting)")
     parser.add_argument("--out", default="ft")
     return parser.parse_args()
 
@@ -54,6 +56,8 @@ def main() -> None:
     me, replicas = int(os.environ["DP_REPLICA_ID"]), int(os.environ["DP_NUM_REPLICAS"])
     kill_replica, kill_step = map(int, args.kill.split(":")) if args.kill else (-1, -1)
     first_life = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+    if not first_life:  # without it, a fast machine restarts the replica within the join timeout: no step without it
+        time.sleep(args.rejoin_after)
     host, port = os.environ["DP_FT_STORE"].rsplit(":", 1)
     store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=60))
     model, optimizer = model_and_optimizer()

@@ -1,9 +1,10 @@
 """Per-step fault tolerance from scratch (notebook 11): a step costs a dead replica's share, not a restart of everyone.
 
 `Replica(model, optimizer, quorum, replica_id)` wraps one replica's training loop:
-- `start_step()` meets the others at the quorum (quorum.py) and, when the membership changed, builds a new gloo group
-  of just those replicas over the same store; a member that lags (it has just started again, or missed a step)
-  receives the model and optimizer state from the member with the most committed steps: healing, not a checkpoint.
+- `start_step()` meets the others at the quorum (quorum.py) and, when the membership changed or a member lags (it
+  has just started again, or missed a step), builds a new gloo group of just those replicas over the same store (a
+  replica started again holds no group, even when the members are the same ones as before); the laggard receives
+  the model and optimizer state from the member with the most committed steps: healing, not a checkpoint.
 - `step_if_agreed()` after the backward: the gradients averaged over the live members (their sum over the group,
   divided by how many they are), then `optimizer.step()` only if that all-reduce succeeded. A member that dies
   mid-step makes it fail on the others: they skip that one step, and the next quorum goes on without the dead one.
@@ -47,12 +48,13 @@ class Replica:
 
     def join(self, members: Members) -> bool:
         """Build a group of the members if they changed, and heal whoever lags; False if a member failed meanwhile."""
+        lags = min(members.committed) < max(members.committed)  # every member reads the same counts: all rebuild
         try:
-            if self.group is None or members.replicas != self.members.replicas:
+            if self.group is None or lags or members.replicas != self.members.replicas:
                 prefix = dist.PrefixStore(f"group{self.step}/", self.quorum.store)  # a fresh group: fresh keys
                 self.group = dist.ProcessGroupGloo(prefix, members.index(self.id), len(members.replicas), self.timeout)
             self.members = members
-            if min(members.committed) < max(members.committed):
+            if lags:
                 self.heal(members)
             return True
         except RuntimeError:  # a member died between the quorum and here (gloo's connect or broadcast failed)
