@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from dp_helpers.course import i18n
 from dp_helpers.course.checkers import exercises as ex
 from dp_helpers.course.checkers import script_check as sc
-from dp_helpers.course.messages_zh import MESSAGES
+from dp_helpers.tool import i18n
+from dp_helpers.tool.messages_zh import MESSAGES
 
 PACKAGE = Path(i18n.__file__).resolve().parents[1]  # dp_helpers
 SOURCES = sorted(p for p in PACKAGE.rglob("*.py") if "templates" not in p.parts)

@@ -23,7 +23,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from dp_helpers.course.i18n import tr, tr_later
 from dp_helpers.scratch.collectives.ring import (
     naive_ring_bytes,
     ring_bytes,
@@ -36,6 +35,7 @@ from dp_helpers.scratch.ddp.mini_ddp import assign_buckets
 from dp_helpers.scratch.sharding.memory import zero_bytes
 from dp_helpers.scratch.sharding.zero import Flat
 from dp_helpers.tool.data import chunk_sizes, sampler_indices
+from dp_helpers.tool.i18n import tr, tr_later
 from dp_helpers.tool.request import UsageError
 from dp_helpers.tool.sampler import shard_plan
 from dp_helpers.tool.training import bce_loss, train_step

@@ -34,7 +34,7 @@ from dp_helpers.course.checkers.script_check import (
     log_folder,
     read_probes,
 )
-from dp_helpers.course.i18n import tr
+from dp_helpers.tool.i18n import tr
 from dp_helpers.tool.launch import DistributedRunError, run_ddp
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "templates" / "my_fsdp.py"  # dp_helpers/course/templates

@@ -29,8 +29,8 @@ import torch
 
 from dp_helpers.course.checkers.exercises import Verdict, _unanswered, difference, verdict
 from dp_helpers.course.checkers.probe import COLLECTIVES, group_timeout_s
-from dp_helpers.course.i18n import language, tr, tr_later
 from dp_helpers.tool.env import worker_numerics
+from dp_helpers.tool.i18n import language, tr, tr_later
 from dp_helpers.tool.launch import DistributedRunError, RunTimeoutError, run_ddp, run_json
 from dp_helpers.tool.launch.diagnose import VICTIM_RE
 
