@@ -24,8 +24,9 @@ from pathlib import Path
 import nbformat
 
 try:
-    from tools import repository, site_assets
+    from tools import figure_text, repository, site_assets
 except ImportError:  # run as a script: tools/ is on sys.path, not the repository
+    import figure_text
     import repository
     import site_assets
 
@@ -174,6 +175,9 @@ def stage_notebook(english: Path, lang: str, out: Path) -> None:
             html = output.get("data", {}).get("text/html")
             if html and LISTING_STYLE.match(html):  # show()'s listing: the site's own highlighting styles it
                 output["data"]["text/html"] = LISTING_STYLE.sub("", html, count=1)
+            svg = output.get("data", {}).get("image/svg+xml")
+            if svg:  # myst-nb's alt is the file's path: say what the figure shows instead, in the page's language
+                cell.metadata["mystnb"] = {"image": {"alt": figure_text.alt_text(svg, lang), "classes": "course-figure"}}
     extra = solutions_cell(english, lang)
     if extra is not None:
         nb.cells.append(extra)

@@ -24,6 +24,8 @@ GLYPHS = re.compile(r'(?:\.fa-[\w-]+,?)+\{--fa:"[^"]*"(?:;--fa--fa:"[^"]*")?\}')
 # highlighted names, punctuation and spaces are drawn in the listing's own colour in both of the theme's styles (a
 # browser test checks it), so their 10,000 spans on a long page (~140 kB) go and their text stays
 PLAIN = re.compile(r'<span class="[npw]">([^<]*)</span>')
+FIGURE = re.compile(r'<img alt="[^"]*" class="course-figure" src="([^"]+)" />')  # tools/site.py's figure outputs
+OPEN = {"en": "Open the figure alone: it zooms without losing detail", "zh-CN": "单独打开这张图：放大后依然清晰"}
 URL = re.compile(r'url\((["\']?)(?!data:|https?:|/)([^"\')]+)\1\)')
 
 
@@ -131,6 +133,12 @@ def lighten_page(text: str, page: Path, bundles: Bundles) -> str:
     return PRELOAD.sub("", text)
 
 
+def link_figures(text: str) -> str:
+    """Each figure a link to its SVG alone, which a phone can zoom into (a page's image is only as wide as the page)."""
+    lang = "zh-CN" if '<html lang="zh-CN"' in text else "en"
+    return FIGURE.sub(lambda m: f'<a class="figure-open" href="{m[1]}" title="{OPEN[lang]}">{m[0]}</a>', text)
+
+
 def lighten(site: Path, skip: tuple[str, ...] = ()) -> None:
     """Every page of one built site (pages under the folders in `skip` belong to another site): icons, bundles."""
     script = site / "_static" / "scripts" / "fontawesome.js"
@@ -140,5 +148,5 @@ def lighten(site: Path, skip: tuple[str, ...] = ()) -> None:
         if page.relative_to(site).parts[0] in (*skip, "_static"):  # _static/: the theme's templates, no pages
             continue
         text = FA_SCRIPT.sub(f"<!-- icons drawn inline: {notice} -->\n", page.read_text(encoding="utf-8"), count=1)
-        page.write_text(lighten_page(PLAIN.sub(r"\1", ICON.sub(svg, text)), page, bundles), encoding="utf-8")
+        page.write_text(link_figures(lighten_page(PLAIN.sub(r"\1", ICON.sub(svg, text)), page, bundles)), encoding="utf-8")
     script.unlink()

@@ -366,3 +366,41 @@ def test_a_result_opens_the_section_that_holds_the_term(server, browser):
         assert "#" in href and name.startswith(" › "), (href, name)
         url = urllib.parse.urlsplit(urllib.parse.urljoin(f"{server}/{root}search.html", href))
         assert url.fragment in parsed(SITE / url.path.lstrip("/")).ids
+
+
+SVG_TEXT = re.compile(r"<!-- (.*?) -->", re.S)  # matplotlib's comment before each text it draws as outlines
+
+
+def figures_of(page: Path) -> list[tuple[str, Path]]:
+    """Each figure on a built page: its alt and its SVG file."""
+    text = (SITE / page).read_text(encoding="utf-8")
+    return [(html.unescape(alt), ((SITE / page).parent / src).resolve())
+            for alt, src in re.findall(r'<img alt="([^"]*)" class="course-figure" src="([^"]+)"', text)]
+
+
+def test_every_figure_is_vector_says_what_it_shows_and_the_chinese_ones_are_chinese():
+    seen = 0
+    for page in (p for p in html_pages() if p.parts[-2:-1] == ("notebooks",)):
+        chinese = page.parts[0] == "zh-CN"
+        for alt, svg in figures_of(page):
+            seen += 1
+            assert svg.suffix == ".svg" and svg.is_file(), (page, svg)
+            assert alt.startswith("图：" if chinese else "Figure: ") and len(alt) > 12, (page, alt)
+            drawn = SVG_TEXT.findall(svg.read_text(encoding="utf-8"))
+            assert not chinese or any(re.search(r"[\u4e00-\u9fff]", t) for t in drawn), (page, svg.name, drawn[:5])
+    assert seen >= 2 * 20, seen  # both editions' figures, about two dozen each
+
+
+@pytest.mark.parametrize("width", [1400, 390])
+def test_a_figure_fits_the_page_and_opens_alone_to_be_zoomed(server, browser, width):
+    page = browser.new_page(viewport={"width": width, "height": 900})
+    for root in ("", "zh-CN/"):
+        page.goto(f"{server}/{root}notebooks/09_scaling_and_benchmarks.html", wait_until="networkidle")
+        link = page.locator("a.figure-open").first  # the widest figure: three panels, 16 inches
+        link.scroll_into_view_if_needed()
+        box = link.locator("img").bounding_box()
+        assert 0 < box["width"] <= width and page.evaluate("() => document.documentElement.scrollWidth") <= width
+        link.click()
+        page.wait_for_url("**/_images/*.svg", timeout=10_000)
+        assert page.evaluate("() => document.documentElement.tagName") == "svg"  # the figure alone, vector
+    page.close()
