@@ -13,16 +13,52 @@ def test_every_chinese_edition_is_the_build_of_the_current_english_cells():
 
 
 @pytest.mark.parametrize("path", ENGLISH, ids=lambda p: p.name)
-def test_an_edition_runs_the_english_code_and_shows_the_english_outputs(path):
-    en, zh = (nbformat.read(p, as_version=4).cells for p in (path, edition.edition_of(path)))
-    assert [c.cell_type for c in zh] == [c.cell_type for c in en]
-    for i, (e, z) in enumerate(zip(en, zh, strict=True)):
+def test_an_edition_runs_the_english_code_and_shows_the_outputs_of_its_own_run(path):
+    en, zh = (nbformat.read(p, as_version=4) for p in (path, edition.edition_of(path)))
+    assert [c.cell_type for c in zh.cells] == [c.cell_type for c in en.cells]
+    for i, (e, z) in enumerate(zip(en.cells, zh.cells, strict=True)):
         if e.cell_type == "code":
-            assert edition.code_tokens(edition.without_language(z.source)) == edition.code_tokens(e.source), i
-            assert (z.outputs, z.execution_count) == (e.outputs, e.execution_count), i
+            assert edition.same_code(e.source, edition.without_language(z.source)), i
         else:
             assert edition.CJK.search(z.source) or edition.is_pointer(i, e), f"cell {i} is not in Chinese"
-    assert next(c for c in zh if edition.is_setup(c)).source.endswith(edition.LANGUAGE_LINES)
+    assert next(c for c in zh.cells if edition.is_setup(c)).source.endswith(edition.LANGUAGE_LINES)
+    assert edition.run_problems(zh, path.name) == []  # one clean run of exactly this code, no errors
+    ran = [c.execution_count for c in zh.cells if c.cell_type == "code"]
+    assert ran == list(range(1, len(ran) + 1))
+
+
+@pytest.mark.parametrize("chinese, same", [
+    ('ax.set_title(f"{rows} 行分到 8 个设备")', True),  # the text translated, the placeholder kept
+    ('ax.set_title(f"{rows + 1} 行分到 8 个设备")', False),  # another expression shown
+    ('ax.set_title(f"8 个设备")', False),  # a placeholder dropped
+    ('ax.set_title(f"{rows} rows on 9 devices")', False),  # changed, but not into Chinese: a changed value
+    ('ax.set_xlabel(f"{rows} 行分到 8 个设备")', False),  # another call
+    ('ax.set_title(f"{rows} rows on 8 devices")  # 注释', True),
+])
+def test_a_translation_may_put_a_shown_string_into_chinese_and_nothing_else(chinese, same):
+    assert edition.same_code('ax.set_title(f"{rows} rows on 8 devices")', chinese) is same
+
+
+def test_a_build_keeps_the_editions_last_run_and_names_code_changed_since(lesson):
+    edition.skeleton(lesson)
+    fill(lesson, CHINESE)
+    target = edition.edition_of(lesson)
+    nb = edition.build(lesson)[0]
+    nb.cells[2].outputs = [nbformat.v4.new_output("stream", name="stdout", text="ran\n")]
+    nb.cells[2].execution_count = 1
+    target.write_text(edition.as_text(nb), encoding="utf-8")
+    edition.stamp_run(target)
+    rebuilt = edition.build(lesson)[0]
+    assert rebuilt.cells[2].outputs[0].text == "ran\n" and edition.run_problems(rebuilt, target.name) == []
+    english = nbformat.read(lesson, as_version=4)
+    english.cells[2].source = "from dp_helpers import launch  # the package"
+    nbformat.write(english, lesson)
+    fill(lesson, {"setup": "from dp_helpers import launch  # 课程的包"})
+    blocks = edition.read_blocks(edition.translation_of(lesson))
+    blocks[1].en = edition.source_hash(english.cells[2].source)
+    edition.write_blocks(edition.translation_of(lesson), lesson.name, blocks)
+    rebuilt, problems = edition.build(lesson)
+    assert problems == [] and "do not come from its current code" in edition.run_problems(rebuilt, target.name)[0]
 
 
 def cell(kind: str, source: str, id_: str):
@@ -80,3 +116,9 @@ def test_a_changed_english_cell_is_named_and_a_translation_that_changes_code_is_
     assert any("01_a.ipynb cell 0 (id title, markdown) changed since it was translated" in p for p in problems)
     assert any("cell 2 (id setup, code)" in p and "changes the code" in p for p in problems)
     assert len(problems) == 2
+
+
+def test_a_chinese_paragraph_broken_between_two_characters_is_named():
+    assert edition.soft_breaks("构建\n模型") == ["构建"]
+    assert edition.soft_breaks("构建模型：\n- 一项\n```\n代码\n行\n```\n## 标题") == []  # a list, a fence, a heading
+    assert edition.soft_breaks("use the\nmodel") == []  # English: the space is meant

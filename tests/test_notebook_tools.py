@@ -89,3 +89,13 @@ def torch_no_sync():
     from torch.nn.parallel import DistributedDataParallel
 
     return DistributedDataParallel.no_sync
+
+
+@pytest.mark.slow
+def test_execute_keeps_figures_as_svg(tmp_path):
+    path = tmp_path / "01_a.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "import matplotlib.pyplot as plt\nplt.plot([0, 1])\nplt.show()")]), path)
+    nbtools.execute(path, timeout=120)
+    (figure,) = [o for o in nbformat.read(path, as_version=4).cells[0].outputs if o.output_type == "display_data"]
+    assert "image/svg+xml" in figure.data and "image/png" not in figure.data  # sharp at any zoom, on the site too

@@ -3,6 +3,8 @@
 import re
 from pathlib import Path
 
+import pytest
+
 from dp_helpers.tool.cli import flag_rows
 
 REPO = Path(__file__).resolve().parent.parent
@@ -161,3 +163,10 @@ def test_the_comparison_catches_what_english_alone_gains():
     assert content_differences(EN, EN) == []  # comments and words are free: the same text passes
     translated = EN.replace("# every test but the long ones, the notebooks included", "# 全部测试")
     assert code_blocks(translated) == code_blocks(EN)
+
+
+@pytest.mark.parametrize("name", ["README.zh-CN.md", "site/front/zh-CN.md", "docs/source-article.zh-CN.md"])
+def test_no_chinese_paragraph_is_broken_where_a_browser_would_show_a_space(name):
+    from tools import edition
+
+    assert edition.soft_breaks((REPO / name).read_text(encoding="utf-8")) == []

@@ -6,14 +6,19 @@ A translation file is a list of blocks, one per translated cell, each under a he
     <!-- cell 3f2a9c1e · markdown · en 5d41402abc4b -->
     中文……
 
-Every markdown cell has a block; a code cell has one only where its comments are translated, and its code must
-stay the English cell's token for token (comments and blank lines aside). The build takes the English cells'
-outputs and execution counts as they are, so the Chinese edition is never executed on its own. When an English
-cell changes, its block's hash no longer matches and the build names the notebook and cell.
+Every markdown cell has a block; a code cell has one only where its comments or its strings are translated, and its
+code must stay the English cell's token for token (comments and blank lines aside), except a string that a figure
+or a message shows, which may be Chinese (with the same {placeholders} in the same order). When an English cell
+changes, its block's hash no longer matches and the build names the notebook and cell.
+
+The edition is executed on its own (`tools/notebooks.py execute` runs both): its figures are drawn in Chinese and
+its checkers speak Chinese. A build keeps the outputs of the edition's last run; the run records the hash of the
+code it ran (metadata "dp_course": "executed_code"), so that code changed since is named as needing a new run.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import io
 import re
@@ -29,7 +34,7 @@ TRANSLATIONS = REPO / "i18n" / "zh-CN"
 SUFFIX = ".zh-CN.ipynb"
 HEADER = re.compile(r"^<!-- cell (?P<id>[\w-]+) · (?P<kind>markdown|code) · en (?P<hash>[0-9a-f]{12}) -->$")
 # the Chinese edition's checkers speak Chinese: two lines the build adds at the end of the setup cell
-LANGUAGE_LINES = 'from dp_helpers.course.i18n import set_language\nset_language("zh-CN")  # 练习检查器的提示改用中文'
+LANGUAGE_LINES = 'from dp_helpers.course.i18n import set_language\nset_language("zh-CN")  # 检查器的提示和图中的文字改用中文'
 ZH_SKELETON = ("学习目标", "小结", "练习")  # the English skeleton's What you'll learn, Takeaways, Exercises
 POINTER = "## 中文版"  # the English notebook's second cell, a link to its Chinese edition: the edition links back
 ENGLISH_POINTER = "## English\nThe English original of this notebook: [`{name}`]({name})."
@@ -109,6 +114,34 @@ def code_tokens(source: str) -> list[tuple[int, str]] | str:
     return [(t.type, t.string) for t in found if t.type not in (tokenize.COMMENT, tokenize.NL)]
 
 
+def same_code(english: str, chinese: str) -> bool:
+    """Whether a translated cell is the English code: token for token, a string aside where it became Chinese."""
+    en, zh = code_tokens(english), code_tokens(chinese)
+    if isinstance(en, str) or isinstance(zh, str) or len(en) != len(zh):
+        return en == zh
+    return all(e == z or translated_string(e, z) for e, z in zip(en, zh, strict=True))
+
+
+TEXT_TOKENS = {tokenize.STRING, getattr(tokenize, "FSTRING_MIDDLE", tokenize.STRING)}  # 3.12+: an f-string's text
+
+
+def translated_string(english: tuple[int, str], chinese: tuple[int, str]) -> bool:
+    """A string token put into Chinese: the same kind of token, Chinese text, the same placeholders in order."""
+    return (english[0] == chinese[0] in TEXT_TOKENS and bool(CJK.search(chinese[1]))
+            and placeholders(english) == placeholders(chinese))
+
+
+def placeholders(token: tuple[int, str]) -> list[str] | None:
+    """The {expressions} of an f-string token, in order (none for a plain string; None where it is no literal)."""
+    if token[0] != tokenize.STRING:
+        return []  # an f-string's text between its {}: its placeholders are tokens of their own
+    try:
+        tree = ast.parse(token[1], mode="eval")
+    except SyntaxError:
+        return None
+    return [ast.dump(node) for node in ast.walk(tree) if isinstance(node, ast.FormattedValue)]
+
+
 def has_comments(source: str) -> bool:
     """Whether a code cell has a comment a translation could turn into Chinese."""
     return any(t.type == tokenize.COMMENT for t in tokens(source) or [])
@@ -152,7 +185,49 @@ def build(english: Path) -> tuple[nbformat.NotebookNode, list[str]]:
     text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
     problems += [f"{english.name}: its translation has no heading '{h}'" for h in ZH_SKELETON if f"## {h}" not in text]
     nb.metadata["language"] = "zh-CN"  # what a reader of the file sees it is
+    keep_last_run(nb, edition_of(english))
     return nb, problems
+
+
+def keep_last_run(nb, target: Path) -> None:
+    """Give each code cell the outputs of the edition's last run (none for a cell it did not have) and its stamp."""
+    last = nbformat.read(target, as_version=4) if target.exists() else nbformat.v4.new_notebook()
+    ran = {c.id: c for c in last.cells if c.cell_type == "code"}
+    for cell in (c for c in nb.cells if c.cell_type == "code"):
+        cell.outputs, cell.execution_count = (ran[cell.id].outputs, ran[cell.id].execution_count) if cell.id in ran \
+            else ([], None)
+    nb.metadata.pop(RUN_KEY, None)
+    if RUN_KEY in last.metadata:
+        nb.metadata[RUN_KEY] = last.metadata[RUN_KEY]
+
+
+RUN_KEY = "dp_course"  # {"executed_code": the hash of the code the edition's committed outputs come from}
+# (its tokens: a comment translated again needs no new run)
+
+
+def code_hash(nb) -> str:
+    """The hash of a notebook's code, cell by cell, without comments: what a run's outputs come from."""
+    return source_hash(repr([code_tokens(c.source) for c in nb.cells if c.cell_type == "code"]))
+
+
+def stamp_run(path: Path) -> None:
+    """Record, in an executed edition, the code its outputs come from."""
+    nb = nbformat.read(path, as_version=4)
+    nb.metadata[RUN_KEY] = {"executed_code": code_hash(nb)}
+    path.write_text(as_text(nb), encoding="utf-8")
+
+
+def run_problems(nb, name: str) -> list[str]:
+    """What is wrong with an edition's outputs: not from one clean run of its current code, or an error among them."""
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    found = []
+    if nb.metadata.get(RUN_KEY, {}).get("executed_code") != code_hash(nb):
+        found.append(f"{name}'s outputs do not come from its current code: run python tools/notebooks.py execute "
+                     f"notebooks/{name.replace(SUFFIX, '.ipynb')}")
+    elif [c.execution_count for c in code] != list(range(1, len(code) + 1)):
+        found.append(f"{name}: execution counts are not one clean run 1..{len(code)}")
+    errors = [i for i, c in enumerate(code, 1) if any(o.output_type == "error" for o in c.outputs)]
+    return found + ([f"{name}: error outputs in code cells {errors}"] if errors else [])
 
 
 def translated(cell, block: Block | None, where: str, path: str) -> tuple[str, str | None]:
@@ -165,12 +240,30 @@ def translated(cell, block: Block | None, where: str, path: str) -> tuple[str, s
             return cell.source, f"{where} has no translation in {path}"
         if block.text == cell.source or not CJK.search(block.text):
             return cell.source, f"{where} is still in English in {path}"
+        if soft_breaks(block.text):
+            return cell.source, (f"{where}: its translation in {path} breaks a line after '{soft_breaks(block.text)[0]}', "
+                                 "which a browser shows as a space: join the paragraph's lines")
         return localise(block.text), None
     if block is None:
         return cell.source, None  # code whose comments are not translated: the English cell as it is
-    if code_tokens(block.text) != code_tokens(cell.source):
-        return cell.source, f"{where}: its translation in {path} changes the code, not only its comments"
+    if not same_code(cell.source, block.text):
+        return cell.source, f"{where}: its translation in {path} changes the code, not only its comments and text"
     return block.text, None
+
+
+MARKUP = re.compile(r"^(#|\||```|<!--|[-*+] |\d+\. |> |\$\$|:|\{)")  # a line that starts a block, not a paragraph's next
+
+
+def soft_breaks(markdown: str) -> list[str]:
+    """Lines of a Chinese paragraph broken after a CJK character: a browser shows the break as a space (构建 模型)."""
+    found, fence, lines = [], False, markdown.split("\n")
+    for line, after in zip(lines, lines[1:], strict=False):
+        fence = fence != line.strip().startswith("```")
+        text, nxt = line.rstrip(), after.strip()
+        if not fence and text and nxt and ord(text[-1]) >= 0x2E80 and not MARKUP.match(nxt) \
+                and not text.lstrip().startswith(("|", "#")):
+            found.append(text[-20:])
+    return found
 
 
 def is_pointer(index: int, cell) -> bool:
@@ -231,4 +324,6 @@ def stale_editions(paths: list[Path]) -> list[str]:
         if not problems and (not target.exists() or target.read_text(encoding="utf-8") != as_text(nb)):
             found.append(f"{rel(target)} is not the build of {english.name} and its translation: "
                          "run python tools/notebooks.py translate")
+        elif not problems:
+            found += run_problems(nb, target.name)
     return found

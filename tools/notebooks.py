@@ -1,7 +1,9 @@
 """Check, re-execute, time or translate the lessons: `python tools/notebooks.py check | execute | times | translate`.
 
 `execute` runs each notebook top to bottom on this machine (CPU is fine) in the current Python
-environment, writes the outputs back and strips volatile metadata. `check` verifies what CI needs:
+environment, writes the outputs back and strips volatile metadata; then it builds the notebook's Chinese
+edition and runs it too (its figures and checkers speak Chinese). Figures are saved as SVG: vector, so that
+they stay sharp when the site's reader zooms in on a phone. `check` verifies what CI needs:
 one clean top-to-bottom run (execution counts 1..n), no error outputs, under 2 MB, the skeleton's
 headings present, and each Chinese edition built from its English notebook's current cells.
 `translate` builds the Chinese editions (NN_name.zh-CN.ipynb) from the English notebooks and
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import os
 import re
 import sys
 import textwrap
@@ -125,17 +128,38 @@ def fresh_exercise_files(folder: Path) -> None:
         (folder / inspect.signature(start).parameters["path"].default).unlink(missing_ok=True)
 
 
+# the kernel's own start-up warnings (ipykernel >= 7 logs one about TCP transport) stay out of the cells; figures
+# are kept as SVG, whose text matplotlib draws as outlines: sharp at any zoom, Chinese without a font on the reader's side
+KERNEL_ARGS = ["--IPKernelApp.log_level=ERROR", "--InlineBackend.figure_formats=svg"]
+
+
 def execute(path: Path, timeout: int = 1200) -> None:
     """Run one notebook top to bottom in its folder with this Python and write it back."""
     from nbclient import NotebookClient
 
     fresh_exercise_files(path.parent)
     nb = nbformat.read(path, as_version=4)
-    # the kernel's own start-up warnings (ipykernel >= 7 logs one about TCP transport) stay out of the cells
-    NotebookClient(nb, timeout=timeout, kernel_name="python3", extra_arguments=["--IPKernelApp.log_level=ERROR"],
-                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    env = {k: v for k, v in os.environ.items() if k != "MPLBACKEND"}  # Agg (the tests' choice) would draw no figure
+    NotebookClient(nb, timeout=timeout, kernel_name="python3", extra_arguments=KERNEL_ARGS,
+                   resources={"metadata": {"path": str(path.parent)}}).execute(env=env)
     strip_volatile(nb)
     nbformat.write(nb, path)
+
+
+def execute_both(path: Path) -> int:
+    """Run an English lesson, build its Chinese edition and run that too; 1 where the translation stops the build."""
+    print(f"executing {path.name} ...", flush=True)
+    execute(path)
+    if path not in edition.english_notebooks():
+        return 0  # not a lesson: no edition
+    problems = edition.translate([path])[path.name]
+    if problems:
+        print(*problems, f"{path.name}: its Chinese edition is not built, so not executed", sep="\n")
+        return 1
+    print(f"executing {edition.edition_of(path).name} ...", flush=True)
+    execute(edition.edition_of(path))
+    edition.stamp_run(edition.edition_of(path))
+    return 0
 
 
 READING_WPM, CODE_LINES_PER_MIN = 150, 12  # a learner's pace, for the route's estimates
@@ -199,10 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "translate":
         return translate(paths, args.skeleton)
     if args.command == "execute":
-        for path in paths:
-            print(f"executing {path.name} ...", flush=True)
-            execute(path)
-        return 0
+        return max([execute_both(path) for path in paths], default=0)
     if args.command == "times":
         for path in paths:
             print(path.name, minutes(path))
