@@ -117,8 +117,15 @@ def restamp_translation(path: Path, where: Home, hashes: dict[str, str]) -> list
     return [path]
 
 
+def ran_current_code(edition, path: Path) -> bool:
+    """Whether a Chinese edition's outputs come from its code as it is, before the repository is rewritten in it."""
+    import nbformat
+
+    return path.exists() and not edition.run_problems(nbformat.read(path, as_version=4), path.name)
+
+
 def main() -> int:
-    """Stamp the notebooks, then rebuild the Chinese editions of those that changed."""
+    """Stamp the notebooks, then rebuild the Chinese editions of those that changed (a run's stamp kept valid)."""
     try:
         changed = stamp_notebooks()
     except ValueError as exc:
@@ -126,9 +133,12 @@ def main() -> int:
         return 2
     english = [p for p in changed if p.suffix == ".ipynb"]
     if english:
-        from tools import notebooks
+        from tools import edition, notebooks
 
+        ran = [p for p in english if ran_current_code(edition, edition.edition_of(p))]
         notebooks.translate(english, False)
+        for path in ran:  # only the repository's address changed in their code: the run's outputs still hold
+            edition.stamp_run(edition.edition_of(path))
     print(f"{len(english)} notebook(s) now point at {home().file('')} ({len(changed) - len(english)} translation(s))")
     return 0
 
