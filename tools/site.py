@@ -260,6 +260,9 @@ def stage(lang: str, out: Path) -> dict:
     out.mkdir(parents=True)
     (out / "index.md").write_text(front_page(lang) + toctree(lang), encoding="utf-8")
     stage_markdown(ROOT / LANGS[lang]["readme"], "readme.md", lang, out)
+    readme = out / "readme.md"  # its own title: the front page's would show twice in search and after notebook 11
+    readme.write_text(re.sub(r"\A# .*", f"# {LANGS[lang]['readme_title']}", readme.read_text(encoding="utf-8")),
+                      encoding="utf-8")
     for doc in DOCS:
         stage_markdown(source_of(lang, ROOT / "docs" / f"{doc}.md"), f"docs/{doc}.md", lang, out)
     for nb in english_notebooks():

@@ -1,4 +1,4 @@
-// Three fixes to the pinned theme's behaviour, on every page of the site.
+// Fixes to the pinned theme's behaviour and the course's own touches, on every page of the site.
 document.addEventListener("DOMContentLoaded", () => {
   // The article header's menu buttons and the (hidden) top bar's carry the same classes; the theme's script binds
   // only the first of each, the top bar's, so the visible ones pass their click on to it.
@@ -18,7 +18,7 @@ document.addEventListener("DOMContentLoaded", () => {
   const zh = document.documentElement.lang.startsWith("zh");
   const more = zh ? "展开全部输出" : "Show the whole output", less = zh ? "收起" : "Show less";
   document.querySelectorAll(".cell_output").forEach((output) => {
-    if (output.querySelector("img") || output.scrollHeight <= 720) return;
+    if (output.querySelector("img") || output.scrollHeight <= 600) return;  // the cap is 576 px: capped if any taller
     output.classList.add("course-capped");
     const button = document.createElement("button");
     button.className = "course-expand";
@@ -28,6 +28,15 @@ document.addEventListener("DOMContentLoaded", () => {
       button.textContent = output.classList.toggle("course-capped") ? more : less;
     });
     output.after(button);
+  });
+  // A figure opens at its own size above the page, where a phone pans across it and its text reads at 10 pt; the
+  // link to the SVG alone stays for a new tab or a browser without scripts.
+  document.querySelectorAll("a.figure-open").forEach((link) => {
+    link.addEventListener("click", (event) => {
+      if (event.ctrlKey || event.metaKey || event.shiftKey || event.button !== 0) return;
+      event.preventDefault();
+      openFigure(link.querySelector("img"), zh);
+    });
   });
   // On the search page the language switch keeps the query, and the page says how many pages the other edition
   // finds for it: its own search runs in a hidden frame (which does not look further itself).
@@ -72,10 +81,12 @@ function countElsewhere(link, zh) {
   document.body.append(frame);
   const started = Date.now();
   const poll = setInterval(() => {
+    // Sphinx adds the results one by one and fills in the summary's text once the last is shown
     const summary = frame.contentDocument && frame.contentDocument.querySelector("#search-results .search-summary");
-    if (!summary && Date.now() - started < 20000) return;
+    const done = summary && summary.textContent.trim();
+    if (!done && Date.now() - started < 20000) return;
     clearInterval(poll);
-    const found = summary ? frame.contentDocument.querySelectorAll("#search-results ul.search li").length : null;
+    const found = done ? frame.contentDocument.querySelectorAll("#search-results ul.search li").length : null;
     frame.remove();
     if (found === null) return;
     const note = document.createElement("p");
@@ -116,4 +127,26 @@ function nameSection(item, link, html, words) {
     link.after(name);
     return;
   }
+}
+
+// The figure at its natural size over the page, scrollable both ways; a button, Escape or the backdrop closes it.
+function openFigure(img, zh) {
+  const viewer = document.createElement("div");
+  viewer.className = "course-viewer";
+  viewer.setAttribute("role", "dialog");
+  viewer.setAttribute("aria-label", img.alt);
+  const big = img.cloneNode();
+  big.removeAttribute("class");
+  big.style.width = `${img.naturalWidth}px`;
+  const close = document.createElement("button");
+  close.type = "button";
+  close.textContent = zh ? "关闭 ✕" : "Close ✕";
+  const shut = () => { viewer.remove(); document.removeEventListener("keydown", onKey); };
+  const onKey = (event) => { if (event.key === "Escape") shut(); };
+  close.addEventListener("click", shut);
+  viewer.addEventListener("click", (event) => { if (event.target === viewer) shut(); });
+  document.addEventListener("keydown", onKey);
+  viewer.append(close, big);
+  document.body.append(viewer);
+  close.focus();
 }

@@ -130,8 +130,9 @@ def test_every_page_loads_offline_without_errors(page, server, browser):
 
 def search_page(browser, server, root: str, query: str, script: str) -> list[str]:
     """What a script reads off the site's search results for a query, once the search has finished."""
-    def read(page):
-        page.wait_for_selector("#search-results .search-summary", timeout=20_000)
+    def read(page):  # Sphinx lists the results one by one and writes the summary's text after the last
+        page.wait_for_function("() => document.querySelector('#search-results .search-summary')?.textContent.trim()",
+                               timeout=20_000)
         return page.eval_on_selector_all("#search-results ul.search li", script)
 
     return visit(browser, f"{server}/{root}search.html?q={urllib.parse.quote(query)}", read)["acted"]
@@ -338,7 +339,8 @@ def test_the_search_page_says_what_the_other_edition_finds(server, browser, root
         return page.locator(".course-elsewhere").text_content(), page.locator(".course-elsewhere a").get_attribute("href")
 
     text, href = visit(browser, f"{server}/{root}search.html?q={urllib.parse.quote(query)}", note)["acted"]
-    assert text.startswith(words) and int(re.search(r"\d+", text)[0]) >= 1, text
+    other = search_results(browser, server, "" if root else "zh-CN/", query)
+    assert text.startswith(words) and int(re.search(r"\d+", text)[0]) == len(other) >= 1, (text, len(other))
     assert href.endswith(f"search.html?q={urllib.parse.quote(query)}")
 
 
@@ -392,15 +394,29 @@ def test_every_figure_is_vector_says_what_it_shows_and_the_chinese_ones_are_chin
 
 
 @pytest.mark.parametrize("width", [1400, 390])
-def test_a_figure_fits_the_page_and_opens_alone_to_be_zoomed(server, browser, width):
+def test_a_figure_fits_the_page_and_opens_at_its_own_size(server, browser, width):
     page = browser.new_page(viewport={"width": width, "height": 900})
     for root in ("", "zh-CN/"):
         page.goto(f"{server}/{root}notebooks/09_scaling_and_benchmarks.html", wait_until="networkidle")
         link = page.locator("a.figure-open").first  # the widest figure: three panels, 16 inches
+        assert (SITE / root / "notebooks" / link.get_attribute("href")).resolve().is_file()  # the SVG alone, without scripts
         link.scroll_into_view_if_needed()
         box = link.locator("img").bounding_box()
         assert 0 < box["width"] <= width and page.evaluate("() => document.documentElement.scrollWidth") <= width
         link.click()
-        page.wait_for_url("**/_images/*.svg", timeout=10_000)
-        assert page.evaluate("() => document.documentElement.tagName") == "svg"  # the figure alone, vector
+        big = page.locator(".course-viewer img")
+        big.wait_for(state="visible", timeout=5_000)
+        natural = big.evaluate("i => i.naturalWidth")
+        assert big.bounding_box()["width"] == pytest.approx(natural, abs=1) and natural > 1000  # 10 pt text, as drawn
+        assert page.locator(".course-viewer").evaluate("v => v.scrollWidth") >= min(natural, width)  # pans across
+        page.keyboard.press("Escape")
+        assert page.locator(".course-viewer").count() == 0
+    page.close()
+
+
+def test_no_notebook_page_is_wider_than_a_phone(server, browser):
+    page = browser.new_page(viewport={"width": 390, "height": 800})
+    for name in (p for p in html_pages() if p.parts[-2:-1] == ("notebooks",)):
+        page.goto(f"{server}/{name.as_posix()}", wait_until="load")
+        assert page.evaluate("() => document.documentElement.scrollWidth") <= 390, name  # 04's long heading did
     page.close()
