@@ -217,17 +217,22 @@ def stamp_run(path: Path) -> None:
     path.write_text(as_text(nb), encoding="utf-8")
 
 
+def unclean_run(code: list) -> tuple[list[str], list[str]]:
+    """A committed run's code cells: (execution counts that are not 1..n, error outputs), each as a sentence or none."""
+    counts = [c.execution_count for c in code]
+    errors = [i for i, c in enumerate(code, 1) if any(o.output_type == "error" for o in c.outputs)]
+    return ([f"execution counts are {counts[:10]}..., not one clean run 1..{len(code)}"]
+            if counts != list(range(1, len(code) + 1)) else [],
+            [f"error outputs in code cells {errors}"] if errors else [])
+
+
 def run_problems(nb, name: str) -> list[str]:
     """What is wrong with an edition's outputs: not from one clean run of its current code, or an error among them."""
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    found = []
+    counts, errors = unclean_run([c for c in nb.cells if c.cell_type == "code"])
     if nb.metadata.get(RUN_KEY, {}).get("executed_code") != code_hash(nb):
-        found.append(f"{name}'s outputs do not come from its current code: run python tools/notebooks.py execute "
-                     f"notebooks/{name.replace(SUFFIX, '.ipynb')}")
-    elif [c.execution_count for c in code] != list(range(1, len(code) + 1)):
-        found.append(f"{name}: execution counts are not one clean run 1..{len(code)}")
-    errors = [i for i, c in enumerate(code, 1) if any(o.output_type == "error" for o in c.outputs)]
-    return found + ([f"{name}: error outputs in code cells {errors}"] if errors else [])
+        counts = [f"outputs do not come from its current code: run python tools/notebooks.py execute "
+                  f"notebooks/{name.replace(SUFFIX, '.ipynb')}"]  # a new run: its counts are beside the point
+    return [f"{name}: {problem}" for problem in counts + errors]
 
 
 def translated(cell, block: Block | None, where: str, path: str) -> tuple[str, str | None]:
@@ -240,8 +245,9 @@ def translated(cell, block: Block | None, where: str, path: str) -> tuple[str, s
             return cell.source, f"{where} has no translation in {path}"
         if block.text == cell.source or not CJK.search(block.text):
             return cell.source, f"{where} is still in English in {path}"
-        if soft_breaks(block.text):
-            return cell.source, (f"{where}: its translation in {path} breaks a line after '{soft_breaks(block.text)[0]}', "
+        broken = soft_breaks(block.text)
+        if broken:
+            return cell.source, (f"{where}: its translation in {path} breaks a line after '{broken[0]}', "
                                  "which a browser shows as a space: join the paragraph's lines")
         return localise(block.text), None
     if block is None:

@@ -40,13 +40,8 @@ def problems(path: Path) -> list[str]:
     """Everything wrong with one committed notebook, as short sentences."""
     nb = nbformat.read(path, as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
-    found = []
-    counts = [c.execution_count for c in code]
-    if counts != list(range(1, len(code) + 1)):
-        found.append(f"execution counts are {counts[:10]}..., not one clean run 1..{len(code)}")
-    errors = [i for i, c in enumerate(code, 1) if any(o.output_type == "error" for o in c.outputs)]
-    if errors:
-        found.append(f"error outputs in code cells {errors}")
+    counts, errors = edition.unclean_run(code)
+    found = counts + errors
     widgets = [i for i, c in enumerate(code, 1) if any(WIDGET_VIEW in o.get("data", {}) for o in c.outputs)]
     if widgets:
         found.append(f"widget outputs (frozen at their first frame) in code cells {widgets}")

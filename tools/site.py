@@ -187,9 +187,10 @@ def stage_notebook(english: Path, lang: str, out: Path) -> None:
     shutil.copy2(source, out / "_downloads_" / "ipynb" / source.name)
 
 
-def stage_markdown(source: Path, page: str, lang: str, out: Path, toctree: str = "") -> None:
-    """A markdown page (README, glossary, source article) with its links rewritten, and the route after the README."""
+def stage_markdown(source: Path, page: str, lang: str, out: Path, toctree: str = "", title: str | None = None) -> None:
+    """A markdown page (README, glossary, source article) with its links rewritten (and its title, when given)."""
     text = rewrite_links(source.read_text(encoding="utf-8"), source, page, lang)
+    text = re.sub(r"\A# .*", f"# {title}", text) if title else text
     (out / page).parent.mkdir(parents=True, exist_ok=True)
     (out / page).write_text(text + toctree, encoding="utf-8")
 
@@ -259,10 +260,8 @@ def stage(lang: str, out: Path) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     (out / "index.md").write_text(front_page(lang) + toctree(lang), encoding="utf-8")
-    stage_markdown(ROOT / LANGS[lang]["readme"], "readme.md", lang, out)
-    readme = out / "readme.md"  # its own title: the front page's would show twice in search and after notebook 11
-    readme.write_text(re.sub(r"\A# .*", f"# {LANGS[lang]['readme_title']}", readme.read_text(encoding="utf-8")),
-                      encoding="utf-8")
+    # the README's own title: the front page's would show twice in search and after notebook 11
+    stage_markdown(ROOT / LANGS[lang]["readme"], "readme.md", lang, out, title=LANGS[lang]["readme_title"])
     for doc in DOCS:
         stage_markdown(source_of(lang, ROOT / "docs" / f"{doc}.md"), f"docs/{doc}.md", lang, out)
     for nb in english_notebooks():

@@ -25,7 +25,7 @@ GLYPHS = re.compile(r'(?:\.fa-[\w-]+,?)+\{--fa:"[^"]*"(?:;--fa--fa:"[^"]*")?\}')
 # browser test checks it), so their 10,000 spans on a long page (~140 kB) go and their text stays
 PLAIN = re.compile(r'<span class="[npw]">([^<]*)</span>')
 FIGURE = re.compile(r'<img alt="[^"]*" class="course-figure" src="([^"]+)" />')  # tools/site.py's figure outputs
-OPEN = {"en": "Open the figure alone: it zooms without losing detail", "zh-CN": "单独打开这张图：放大后依然清晰"}
+OPEN = {"en": "Open the figure at its own size", "zh-CN": "以原始大小查看这张图"}  # course.js opens it over the page
 URL = re.compile(r'url\((["\']?)(?!data:|https?:|/)([^"\')]+)\1\)')
 
 
@@ -134,7 +134,8 @@ def lighten_page(text: str, page: Path, bundles: Bundles) -> str:
 
 
 def link_figures(text: str) -> str:
-    """Each figure a link to its SVG alone, which a phone can zoom into (a page's image is only as wide as the page)."""
+    """Each figure a link to its SVG: course.js opens it at its own size over the page (a page's image is only as
+    wide as the page); without scripts, or in a new tab, the SVG alone."""
     lang = "zh-CN" if '<html lang="zh-CN"' in text else "en"
     return FIGURE.sub(lambda m: f'<a class="figure-open" href="{m[1]}" title="{OPEN[lang]}">{m[0]}</a>', text)
 
