@@ -10,7 +10,7 @@ from matplotlib.figure import Figure
 
 from dp_helpers.tool import i18n
 from dp_helpers.tool.messages_zh import MESSAGES
-from tools import edition
+from tools import edition, font
 
 SVG, PNG = "image/svg+xml", "image/png"
 TEXT = re.compile(r"<!-- (.*?) -->", re.S)  # matplotlib writes each text it draws as outlines after a comment of it
@@ -23,18 +23,12 @@ def figures(path) -> list[dict]:
             if SVG in o.get("data", {}) or PNG in o.get("data", {})]
 
 
-def chinese_strings() -> set[str]:
-    """Every character the Chinese figures may draw: the checkers' and helpers' messages, the editions' code strings."""
-    code = [b.text for p in edition.english_notebooks() for b in edition.read_blocks(edition.translation_of(p))
-            if b.kind == "code"]
-    return {ch for text in [*MESSAGES.values(), *code] for ch in text if ord(ch) >= 0x2E80}
-
-
 def test_the_course_font_has_every_chinese_character_a_figure_may_draw():
     from fontTools.ttLib import TTFont
 
     cmap = TTFont(i18n.COURSE_FONT)["cmap"].getBestCmap()
-    missing = sorted(ch for ch in chinese_strings() if ord(ch) not in cmap)
+    # the messages and the translations' code (what a figure draws) among all the course's Chinese text
+    missing = sorted(ch for ch in font.course_characters() if ord(ch) not in cmap)
     assert not missing, f"the course font lacks {''.join(missing)}: run python tools/font.py on the full Noto Sans CJK SC"
 
 
