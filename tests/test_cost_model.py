@@ -35,13 +35,46 @@ def test_activations_follow_korthikanti_and_checkpointing_keeps_each_layers_inpu
     assert activations(m, checkpointing=True) == 2 * 2 * sbh
 
 
-def test_zero3_moves_one_and_a_half_times_ddps_bytes():
+def test_zero3_moves_one_and_a_half_times_ddps_bytes_when_gradients_travel_as_parameters_do():
     # ZeRO section 7: all-reduce = reduce-scatter + all-gather (2 x the gradients' bytes per rank); stage 3 adds a
-    # second all-gather of the parameters
-    def sent(strategy):
-        return sum(collective_time(kind, n, w, 0.0, 1.0) for kind, n, w, _ in collectives(1e9, strategy, 1024))
+    # second all-gather of the parameters. That holds when both travel in 16 bits, as in the paper
+    def sent(strategy, grad_bytes):
+        return sum(collective_time(kind, n, w, 0.0, 1.0)
+                   for kind, n, w, _ in collectives(1e9, strategy, 1024, grad_bytes=grad_bytes))
 
-    assert sent("ZeRO-1") == pytest.approx(sent("DDP")) and sent("ZeRO-3 / FSDP2") == pytest.approx(1.5 * sent("DDP"))
+    assert sent("ZeRO-1", 2) == pytest.approx(sent("DDP", 2))
+    assert sent("ZeRO-3 / FSDP2", 2) == pytest.approx(1.5 * sent("DDP", 2))
+    # with fp32 gradients (torch's default under autocast, FSDP2 with reduce_dtype=float32) DDP sends twice the
+    # bf16 bytes, and ZeRO-3's two bf16 all-gathers plus an fp32 reduce-scatter come to DDP's bytes
+    assert sent("DDP", 4) == pytest.approx(2 * sent("DDP", 2))
+    assert sent("ZeRO-3 / FSDP2", 4) == pytest.approx(sent("DDP", 4))
+
+
+def test_gradients_travel_in_fp32_unless_told_otherwise():
+    for strategy in STRATEGIES:
+        reduced = [n for kind, n, _, _ in collectives(1e9, strategy, 64) if kind != "all_gather"]
+        assert sum(reduced) == pytest.approx(4e9 * (1 + (strategy == "HSDP") / 8))  # HSDP: its shard, once more
+        gathered = [n for kind, n, _, _ in collectives(1e9, strategy, 64) if kind == "all_gather"]
+        assert all(n == 2e9 for n in gathered)
+    m = Transformer(layers=4, hidden=512, heads=8, vocab=1000, sequence=128, micro_batch=2)
+    c = Cluster(gpus=8, flops=1e12, bandwidth=1e9, latency=0.0)
+    fp32, bf16 = (step_time(m, "DDP", c, grad_bytes=b)["communication"] for b in (4, 2))
+    assert fp32 == pytest.approx(2 * bf16)
+
+
+@pytest.mark.parametrize(("gpus", "shard_group"), [(12, 8), (4, 8), (64, 0), (10, 4)])
+def test_an_hsdp_shape_the_mesh_would_refuse_is_refused_in_one_sentence(gpus, shard_group):
+    c = Cluster(gpus=gpus, flops=1e12, bandwidth=1e9, shard_group=shard_group)
+    m = Transformer(layers=2, hidden=64, heads=4, vocab=100, sequence=16, micro_batch=1)
+    for call in (lambda: step_time(m, "HSDP", c), lambda: memory_per_rank(m, "HSDP", c)):
+        with pytest.raises(ValueError, match=f"^HSDP needs a shard group that divides the GPUs: {gpus} GPUs "):
+            call()
+    assert step_time(m, "DDP", c)["communication"] > 0  # the shard group matters to HSDP alone
+
+
+def test_an_unknown_strategy_is_named_with_the_known_ones():
+    with pytest.raises(ValueError, match="'FSDP' is not one of DDP, ZeRO-1, ZeRO-2, ZeRO-3 / FSDP2, HSDP"):
+        collectives(1e9, "FSDP", 8)
 
 
 def test_a_step_is_compute_plus_the_ring_or_the_larger_of_the_two():
