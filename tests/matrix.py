@@ -31,6 +31,18 @@ class Tied(nn.Module):
         return torch.sigmoid(self.out(torch.relu(self.down(h)))).squeeze(1)
 
 
+class TiedHead(nn.Module):
+    """A GPT's tied head: the first layer's weight used again for the output, outside its own module's forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp, self.mid = nn.Linear(FEATURES, 16), nn.Linear(16, 16)
+
+    def forward(self, x, step=0):
+        h = torch.relu(self.mid(torch.relu(self.inp(x))))
+        return torch.sigmoid(nn.functional.linear(h, self.inp.weight.t()).mean(1))  # as F.linear(h, emb.weight)
+
+
 class WithExtra(nn.Linear):
     """A linear layer with one parameter more, added to the rows routed to it (or never used)."""
 
@@ -81,6 +93,7 @@ class Case:
 
 CASES = {
     "tied weights": Case(Tied),
+    "a weight used outside its module (a tied head)": Case(TiedHead),
     "frozen parameters": Case(MLP, {"frozen": True}),
     "a parameter unused in some steps": Case(MLP, {"skip_every": 2}, unused=True),  # step 1: momentum must not move it
     "an unused forward output": Case(MLP, {"aux": True}, unused=True),

@@ -17,6 +17,9 @@ one per parameter with values in the chunk, for the user's own optimizer. The sc
    on (`async_op=True`, waited for one unit later); `prefetch=False` turns the first off, to time what it hides;
 4. mixed precision (`MixedPrecision`): gathered and computed in param_dtype, reduced in reduce_dtype, the pieces
    and their updates in the parameters' own dtype (fp32 master weights).
+A parameter used outside its own module's forward (a GPT's head `F.linear(h, self.emb.weight)` in the parent's
+forward) is gathered where it is used, and its unit is then held full until the backward ends and reduced there, as
+FSDP2 does when the embedding sits in the root's group (`GatherOnUse` sees every op of the forward).
 Every rank must run the same units in its forward and in its backward (as with FSDP: a unit used, or fed into the loss,
 on some ranks only would leave their all-gathers unmatched). Not supported: a second backward through a retained graph
 (its gradients would reach the next step), and a module whose input is a leaf tensor that requires grad (the hook on
@@ -36,6 +39,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
 from dp_helpers.scratch.ddp.mini_ddp import broadcast_state, engine_callback, let_go
@@ -97,6 +101,9 @@ class Unit:
             p.data = view  # the module computes with the buffer's values, whenever they are there
         self.nbytes = flat.buffer.untyped_storage().nbytes()
         self.full = True  # as built; released until the first forward
+        self.held = False  # used outside its modules' forward: full from that use until the backward's end
+        for p in params:
+            p._zero3_unit = self  # what GatherOnUse looks for
         self.release()
 
     def start_gather(self) -> None:
@@ -129,6 +136,22 @@ class Unit:
             p.data = torch.empty(0, dtype=p.dtype, device=p.device)
 
 
+class GatherOnUse(TorchFunctionMode):
+    """During the forward: an op given a parameter whose unit is not full gathers that unit and holds it."""
+
+    def __init__(self, wrapper: Zero3Module):
+        super().__init__()
+        self.wrapper = wrapper
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        for t in tree_leaves((args, kwargs)):
+            unit = getattr(t, "_zero3_unit", None) if isinstance(t, torch.Tensor) else None
+            if unit is not None and not unit.full:  # every rank runs the same forward: the same gathers
+                self.wrapper.hold(unit)
+        return func(*args, **kwargs)
+
+
 class Zero3Module(nn.Module):
     """ZeRO-3 from scratch behind nn.Module: parameters() are this rank's shards; forward gathers unit by unit."""
 
@@ -154,8 +177,8 @@ class Zero3Module(nn.Module):
         self.prefetching = prefetch  # False: a unit is gathered only when it is needed (notebook 08 times both)
         for unit in self.units:
             for m in unit.modules:
-                m.register_forward_pre_hook(lambda _, args, u=unit: self.before_forward(u, args))
-                m.register_forward_hook(lambda _, args, out, u=unit: self.after_forward(u, out))
+                m.register_forward_pre_hook(lambda _, args, u=unit: unwatched(self.before_forward, u, args))
+                m.register_forward_hook(lambda _, args, out, u=unit: unwatched(self.after_forward, u, out))
             for p in unit.bucket.params:
                 let_go(p)  # a MiniDDP or ZeroOptimizer made earlier over these parameters reduces no more
                 p._dp_hook = p.register_post_accumulate_grad_hook(self.grad_ready)
@@ -169,7 +192,19 @@ class Zero3Module(nn.Module):
         for unit in self.units:  # left full (a prefetch whose unit did not run, torch.autograd.grad): stale after a step
             unit.release()
         args, kwargs = cast_floats((args, kwargs), self.mp.param_dtype)
-        return cast_floats(self.module(*args, **kwargs), self.mp.output_dtype)
+        with GatherOnUse(self):
+            out = self.module(*args, **kwargs)
+        for unit in self.units:
+            if unit.held and unit not in self.waiting:  # no backward will come for it (no_grad, eval)
+                unit.release()
+        return cast_floats(out, self.mp.output_dtype)
+
+    def hold(self, unit: Unit) -> None:
+        """Gather a unit used outside its modules' forward; keep it full and reduce it when the backward ends."""
+        unit.gather()
+        unit.held = True
+        if torch.is_grad_enabled() and unit not in self.waiting:
+            self.waiting.append(unit)
 
     def before_forward(self, unit: Unit, args) -> None:
         """Gather this unit; prefetch the next one in the first forward's order (recorded then); book its post-backward."""
@@ -193,8 +228,10 @@ class Zero3Module(nn.Module):
         if not needed:  # no backward will come (no_grad, eval): nothing keeps the parameters
             unit.release()
             return
-        unit.free()  # the parameters stay views of the empty storage: autograd saved them
-        self.waiting.append(unit)  # its gradients are to be reduced, at its post-backward or the backward's end
+        if not unit.held:  # a held unit stays full for the use outside its modules, and their backward
+            unit.free()  # the parameters stay views of the empty storage: autograd saved them
+        if not (unit.held and unit in self.waiting):  # a held unit is reduced once, when the backward ends
+            self.waiting.append(unit)  # its gradients are to be reduced, at its post-backward or the backward's end
         for t in needed:
             t.register_hook(lambda grad, u=unit: self.before_backward(u))
 
@@ -212,7 +249,7 @@ class Zero3Module(nn.Module):
 
     def post_backward(self, unit: Unit) -> None:
         """A module's backward is over: reduce-scatter its unit (zeros for what it did not use), the same on every rank."""
-        if unit in self.waiting:
+        if unit in self.waiting and not unit.held:  # a held unit's other uses may send gradients later
             self.waiting.remove(unit)
             if unit not in self.waiting:  # a module called twice ends its backward twice: reduce after the last
                 self.reduce(unit)
@@ -279,6 +316,12 @@ class Zero3Module(nn.Module):
             unit.release()
         rest = self.module.state_dict()  # what is left: frozen parameters and persistent buffers
         return {**{k: v.detach().clone() for k, v in rest.items()}, **state}
+
+
+def unwatched(hook, *args) -> None:
+    """Run one of the wrapper's own forward hooks out of GatherOnUse's sight: its gathers and frees are no use."""
+    with torch._C.DisableTorchFunction():
+        hook(*args)
 
 
 def cast_floats(tree, dtype: torch.dtype | None):
