@@ -95,9 +95,9 @@ def weights(prefix, replica):
     return torch.load(f"{prefix}.replica{replica}.pt", weights_only=True)
 
 
-def replayed(schedule):
+def replayed(schedule, batchnorm=False):
     """The one-process reference's weights after these (step, members) steps."""
-    model, optimizer = model_and_optimizer()
+    model, optimizer = model_and_optimizer(batchnorm)
     replay(model, optimizer, loss_of, schedule)
     return model.state_dict()
 
@@ -112,6 +112,19 @@ def test_replicas_average_each_step_over_all_of_them(tmp_path):
     torch.testing.assert_close(weights(prefix, 0), replayed([(s, (0, 1)) for s in range(6)]))
     for name, value in weights(prefix, 0).items():  # gloo's sum is the same on both: so are the weights, bit for bit
         assert torch.equal(value, weights(prefix, 1)[name])
+
+
+@pytest.mark.slow  # two torchruns
+def test_a_batchnorm_models_running_statistics_stay_equal_on_every_replica(tmp_path):
+    prefix = tmp_path / "ft"
+    run_replicas(SCRIPT, "--steps", 6, "--step-seconds", 0, "--batchnorm", "--out", prefix, replicas=2,
+                 max_restarts=0, out_dir=tmp_path / "run", timeout=120)
+    first, second = weights(prefix, 0), weights(prefix, 1)
+    assert "1.running_mean" in first and first["1.num_batches_tracked"] == 6
+    for name, value in first.items():  # buffers too: averaged over the members every step
+        assert torch.equal(value, second[name]), name
+    # one process whose members' forwards start from the same statistics, the step keeping their mean
+    torch.testing.assert_close(first, replayed([(s, (0, 1)) for s in range(6)], batchnorm=True))
 
 
 @pytest.mark.slow

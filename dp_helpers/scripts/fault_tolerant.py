@@ -30,15 +30,17 @@ def batch(step: int, replica: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, x[:, :2].sum(1, keepdim=True)
 
 
-def model_and_optimizer() -> tuple[nn.Module, torch.optim.Optimizer]:
+def model_and_optimizer(batchnorm: bool = False) -> tuple[nn.Module, torch.optim.Optimizer]:
     """The same starting weights on every replica, and SGD with momentum (a state that healing must copy)."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    norm = [nn.BatchNorm1d(16)] if batchnorm else []  # buffers: running statistics the replicas must keep equal
+    model = nn.Sequential(nn.Linear(8, 16), *norm, nn.Tanh(), nn.Linear(16, 1))
     return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
 
 def arguments() -> argparse.Namespace:
-    """--steps N, --kill REPLICA:STEP (SIGKILL in its first life), --step-seconds, --join-timeout, --rejoin-after, --out."""
+    """--steps N, --kill REPLICA:STEP (SIGKILL in its first life), --step-seconds, --join-timeout, --rejoin-after,
+    --batchnorm, --out."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--kill", default="", help="REPLICA:STEP, e.g. 1:10")
@@ -46,6 +48,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--join-timeout", type=float, default=2.0, help="seconds a quorum waits for a missing replica")
     parser.add_argument("--rejoin-after", type=float, default=0.0,
                         help="seconds a replica started again waits before it meets the others (a new machine booting)")
+    parser.add_argument("--batchnorm", action="store_true", help="a BatchNorm layer: buffers to keep equal")
     parser.add_argument("--out", default="ft")
     return parser.parse_args()
 
@@ -60,7 +63,7 @@ def main() -> None:
         time.sleep(args.rejoin_after)
     host, port = os.environ["DP_FT_STORE"].rsplit(":", 1)
     store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=60))
-    model, optimizer = model_and_optimizer()
+    model, optimizer = model_and_optimizer(args.batchnorm)
     replica = Replica(model, optimizer, Quorum(store, replicas, join_timeout_s=args.join_timeout), me)
     with open(f"{args.out}.replica{me}.jsonl", "a") as log:
         while replica.step < args.steps:

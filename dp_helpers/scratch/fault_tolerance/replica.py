@@ -8,6 +8,9 @@
 - `step_if_agreed()` after the backward: the gradients averaged over the live members (their sum over the group,
   divided by how many they are), then `optimizer.step()` only if that all-reduce succeeded. A member that dies
   mid-step makes it fail on the others: they skip that one step, and the next quorum goes on without the dead one.
+  The floating-point buffers (BatchNorm's running statistics) are averaged over the members in the same step, so
+  every replica holds the same ones after every step it commits; integer buffers (BatchNorm's count of batches)
+  advance alike on every member, one forward a step, and a healed replica copies them.
 Supports: any model and optimizer (state_dicts), gloo on CPU, one process per replica. Refuses: nothing else checked.
 Not handled: replica groups of several ranks (torchft's DDP or HSDP inside a replica), a replica that reaches the
 store but not its peers (a partition: every all-reduce fails, the step is skipped again and again), a byzantine
@@ -74,30 +77,57 @@ class Replica:
             self.committed = max(members.committed)
 
     def step_if_agreed(self) -> bool:
-        """Average the gradients over the step's members, then step the optimizer; False (no step) if a member failed."""
+        """Average the gradients (and buffers) over the step's members, then step; False (no step) if one failed."""
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.model.parameters()]
-        flat = torch.cat([g.reshape(-1) for g in grads])
+        buffers = [b for b in self.model.buffers() if b.is_floating_point()]
         try:
-            self.group.allreduce([flat]).wait()
+            flat = self.averaged(grads)
+            kept = self.averaged(buffers) if buffers else None
         except RuntimeError:  # a peer died or timed out: nobody trusts this step's sum
             self.group, self.step = None, self.step + 1
             return False
-        flat /= len(self.members.replicas)
-        offset = 0
         for p, g in zip(self.model.parameters(), grads, strict=True):
-            p.grad = g.copy_(flat[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
+            p.grad = g
+        unflatten(flat, grads)
+        if kept is not None:
+            unflatten(kept, buffers)
         self.optimizer.step()
         self.committed, self.step = self.committed + 1, self.step + 1
         return True
 
+    def averaged(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        """The members' mean of these tensors, laid end to end in one flat tensor (one all-reduce)."""
+        flat = torch.cat([t.detach().reshape(-1) for t in tensors])
+        self.group.allreduce([flat]).wait()
+        return flat.div_(len(self.members.replicas))
+
+
+def unflatten(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+    """Copy a flat tensor's values back into the tensors it was laid out from, in order."""
+    offset = 0
+    with torch.no_grad():
+        for t in tensors:
+            t.copy_(flat[offset:offset + t.numel()].view_as(t))
+            offset += t.numel()
+
 
 def replay(model: nn.Module, optimizer: torch.optim.Optimizer, loss_of, schedule) -> None:
-    """The one-process reference: for each (step, members) that committed, the members' mean gradient, one step."""
+    """The one-process reference: for each (step, members) that committed, the members' mean gradient, one step.
+
+    Each member's forward starts from the step's buffers, and the step keeps the members' mean of the floating-point
+    ones, as the replicas do (integer ones, a count of forwards, advance once)."""
+    buffers = list(model.buffers())
     for step, members in schedule:
         optimizer.zero_grad()
+        start, after = [b.clone() for b in buffers], []
         for replica in members:
+            for b, first in zip(buffers, start, strict=True):
+                b.copy_(first)
             (loss_of(model, step, replica) / len(members)).backward()
+            after.append([b.clone() for b in buffers])
+        for i, b in enumerate(buffers):
+            if b.is_floating_point():
+                b.copy_(torch.stack([a[i] for a in after]).mean(0))
         optimizer.step()
 
 
