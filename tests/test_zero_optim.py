@@ -169,3 +169,15 @@ def rebuilt_and_zeroed(info) -> dict:
 @pytest.mark.slow
 def test_a_second_optimizer_replaces_the_first_and_zero_grad_can_keep_tensors(pools):
     assert pools.get(2).run(rebuilt_and_zeroed)[0] == {"grads kept and zeroed": True}
+
+
+@pytest.mark.parametrize("params", [torch.randn(1), torch.randn(3, 2, requires_grad=True)])
+def test_a_tensor_for_params_is_refused_as_torch_optim_refuses_it(params):
+    # PyTorch's own test_zero_redundancy_optimizer.py::test_constructor asks this of ZeroRedundancyOptimizer
+    from dp_helpers.scratch.sharding.zero import ZeroOptimizer
+
+    with pytest.raises(TypeError) as torchs:
+        torch.optim.SGD(params, lr=0.1)
+    with pytest.raises(TypeError) as ours:  # before it asks for a process group
+        ZeroOptimizer(params, torch.optim.SGD, lr=0.1)
+    assert str(ours.value) == str(torchs.value) and "iterable of Tensors or dicts" in str(ours.value)

@@ -286,6 +286,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, optimizer_class=torch.optim.Adam, stage: int = 1, bucket_cap_mb: float | None = None,
                  **defaults):
+        if isinstance(params, torch.Tensor):  # torch.optim's own refusal: iterating a tensor would yield its rows
+            raise TypeError("params argument given to the optimizer should be an iterable of Tensors or dicts, "
+                            f"but got {torch.typename(params)}")
         if stage not in (1, 2):
             raise ValueError(f"ZeroOptimizer implements stages 1 and 2, not {stage!r} (stage 3 shards the model).")
         refuse_not_elementwise(optimizer_class, "ZeroOptimizer")
