@@ -2,6 +2,7 @@
 
 import os
 import runpy
+import tempfile
 
 import pytest
 import torch
@@ -308,6 +309,47 @@ def save_through(tmp, state, path):
 
 def atomic_save(state, path):
     save_through(f"{path}.tmp", state, path)
+
+
+def save_through_mkstemp(state, path):
+    """The temporary file from tempfile.mkstemp, written through os.fdopen (its name is the descriptor)."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=os.path.basename(path) + ".")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def save_through_named_temporary_file(state, path):
+    with tempfile.NamedTemporaryFile(dir=os.path.dirname(path), delete=False) as f:
+        try:
+            torch.save(state, f)
+        except BaseException:
+            f.close()
+            os.unlink(f.name)
+            raise
+    os.replace(f.name, path)
+
+
+def save_through_an_open_file(state, path):
+    try:
+        with open(f"{path}.tmp", "wb") as f:
+            torch.save(state, f)
+        os.replace(f"{path}.tmp", path)
+    except BaseException:
+        os.remove(f"{path}.tmp")
+        raise
+
+
+@pytest.mark.parametrize("right", [atomic_save, save_through_mkstemp, save_through_named_temporary_file,
+                                   save_through_an_open_file])
+def test_the_atomic_save_checker_takes_any_right_answer(right, capsys):
+    assert ex.check_atomic_save(right), capsys.readouterr().out
 
 
 def save_in_place(state, path):

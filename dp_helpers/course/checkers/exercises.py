@@ -649,13 +649,26 @@ def _crashing_save(targets: list):
     def save(obj, f, *args, **kwargs):
         """Write half a file to f, then fail."""
         path_given = isinstance(f, (str, os.PathLike))
-        targets.append(Path(f) if path_given else Path(getattr(f, "name", "")))
+        target = Path(f) if path_given else _path_of(f)
+        if target is not None:
+            targets.append(target)
         if path_given:
             Path(f).write_bytes(HALF_WRITTEN)
         else:
             f.write(HALF_WRITTEN)
         raise OSError(28, "No space left on device")
     return save
+
+
+def _path_of(f) -> Path | None:
+    """The file a file object writes to: its name, or what its descriptor points at (os.fdopen names it by number)."""
+    name = getattr(f, "name", None)
+    if isinstance(name, int):
+        try:
+            return Path(os.readlink(f"/proc/self/fd/{name}"))  # Linux
+        except OSError:
+            return None  # elsewhere: the folder goes unchecked
+    return Path(os.fsdecode(name)) if isinstance(name, (str, bytes, os.PathLike)) else None
 
 
 def _atomic_save_problem(fn, folder: Path) -> str | None:
