@@ -73,8 +73,18 @@ def scatter(batch, n):
     return [batch[i:i + rows] for i in range(0, len(batch), rows)]
 
 
-def ring_step(rank, step, world_size):
-    return (rank - step) % world_size, (rank - step - 1) % world_size
+def ring_sums(rank, chunk, step, world_size):
+    """The chunk this rank received in reduce-scatter step k holds k + 2 ranks' values; the others its own alone."""
+    k = (rank - 1 - chunk) % world_size  # the step in which `chunk` arrived (W - 1: never, it is the one first sent)
+    return k + 2 if k <= step else 1
+
+
+def ring_sums_just_received(rank, chunk, step, world_size):
+    return step + 2 if chunk == (rank - step - 1) % world_size else 1
+
+
+def ring_sums_one_short(rank, chunk, step, world_size):
+    return max(ring_sums(rank, chunk, step, world_size) - 1, 1)
 
 
 def accumulate(model, micro_batches, optimizer, no_sync):
@@ -152,7 +162,9 @@ def not_written(*args):
 @pytest.mark.parametrize("checker, right, wrong, words", [
     (ex.check_shard, shard, lambda n, w, r: list(range(r, n, w)), "expected"),
     (ex.check_scatter, scatter, lambda x, n: [x[i::n] for i in range(min(n, len(x)))], "expected"),
-    (ex.check_ring_step, ring_step, lambda r, s, w: ((r + s) % w, (r + s + 1) % w), "expected"),
+    (ex.check_ring_sums, ring_sums, lambda r, c, s, w: w, "expected"),
+    (ex.check_ring_sums, ring_sums, ring_sums_just_received, "count the chunks this rank received in earlier"),
+    (ex.check_ring_sums, ring_sums, ring_sums_one_short, "one too few"),
     (ex.check_accumulate, accumulate, accumulate_forward_outside, "inside no_sync"),
     (ex.check_accumulate, accumulate, accumulate_no_division, "divide each loss by k"),
     (ex.check_accumulate, accumulate, accumulate_by_k, "not by 1/k"),
@@ -229,12 +241,76 @@ def test_forbidden_calls_and_natural_types_and_exceptions_are_answered_in_one_li
 
     assert not ex.check_scatter(with_chunk)
     assert not ex.check_shard(as_tuple)
-    assert ex.check_ring_step(lambda r, s, w: [(r - s) % w, (r - s - 1) % w])  # a list for a tuple
+    assert ex.check_ring_sums(lambda r, c, s, w: float(ring_sums(r, c, s, w)))  # a float for an int
     assert not ex.check_shard(lambda n, w, r: 1 / 0)
     out = capsys.readouterr().out.splitlines()
     assert "your function calls chunk: the exercise asks for slicing only" in out[0]
     assert "expected [0], got ()." in out[1] and out[2].startswith("correct")
     assert "your function raised ZeroDivisionError: division by zero." in out[3]
+
+
+def slipped(key, **entries):
+    """The right table answer to `key` with some entries replaced by a slip."""
+    return {**RIGHT[key], **{k.replace("_", " "): v for k, v in entries.items()}}
+
+
+SLIPS = [  # (question, an answer by one known slip, words the checker must say)
+    ("00 rank 1's total after the all-reduce", [8.0, 16.0], "that is the mean"),
+    ("00 rank 1's total after the all-reduce", [6.0, 16.0], "what rank 1 held before"),
+    ("01 rows for 17 on 5", [4, 4, 3, 3, 3], "tensor_split's rule"),
+    ("01 devices with work for 9 on 8", 8, "the rows run out"),
+    ("01 repeated sample of 11 on 4", {"samples": [10], "ranks": [0, 3]}, "pads with the first indices"),
+    ("02 bytes replicated for 1e6 on 4", 3_000_000, "a float32 holds 4"),
+    ("03 naive and ring MB for 100 MB on 8", {"ring": 87.5, "naive": 700}, "the reduce-scatter alone"),
+    ("03 naive and ring MB for 100 MB on 8", {"ring": 200, "naive": 700}, "not 8 steps"),
+    ("03 naive and ring MB for 100 MB on 8", {"ring": 175, "naive": 800}, "no rank sends to itself"),
+    ("04 all-reduces per step for 4,1,1,4,0.5 MiB at 5", 3, "last first"),
+    ("05 buckets of the wide MLP at bucket_cap_mb=2",
+     slipped("05 buckets of the wide MLP at bucket_cap_mb=2", tensors_in_the_first_bucket=5), "from the head"),
+    ("05 buckets of the wide MLP at bucket_cap_mb=2",
+     slipped("05 buckets of the wide MLP at bucket_cap_mb=2", tensors_in_the_first_bucket=4), "first bucket of 1 MiB"),
+    ("05 ring MB per rank for 25e6 gradients on 8", {"fp32": 100, "fp16": 50}, "the gradient itself"),
+    ("06 BatchNorm statistics of [1, 2, 3] and [5, 7, 9]",
+     slipped("06 BatchNorm statistics of [1, 2, 3] and [5, 7, 9]", rank_0_variance=1.0), "divides by N - 1"),
+    ("06 BatchNorm statistics of [1, 2, 3] and [5, 7, 9]",
+     slipped("06 BatchNorm statistics of [1, 2, 3] and [5, 7, 9]", global_variance=9.5), "divides by N - 1"),
+    ("06 evaluated and repeated for 10 on 4", {"evaluated": 10, "twice": []}, "pads 10 samples to 12"),
+    ("07 steps when resuming after 3 of 6 epochs", {"resumes at step": 16, "steps after resuming": 15},
+     "steps count from 0"),
+    ("07 steps when resuming after 3 of 6 epochs", {"resumes at step": 30, "steps after resuming": 30},
+     "5 steps an epoch"),
+    ("07 epoch a restart without --checkpoint starts at", 5, "it starts over"),
+    ("08 GB per rank for 1e9 parameters, ZeRO-2 on 8", 2, "ZeRO-3's figure"),
+    ("08 GB per rank for 1e9 parameters, ZeRO-2 on 8", 9, "ZeRO-1's figure"),
+    ("08 GB per rank for 1e9 parameters, ZeRO-2 on 8", 16, "DDP's figure"),
+    ("08 GB per rank for 1e9 parameters, ZeRO-2 on 8", 3.75, "the paper's mixed precision"),
+    ("09 DataParallel emulation limit at f = 1/3", 3, "1 / (1 - f)"),
+    ("10 PowerSGD saving for a 4096 x 4096 matrix at rank 8", 512, "two factors"),
+    ("10 DiLoCo share of DDP's bytes at H = 32", 32, "its inverse"),
+    ("11 Streaming DiLoCo's MB per synchronisation for 1e9 fp32 parameters in 4 fragments", 4000, "one fragment"),
+    ("11 steps every replica takes again after a restart from the step-1500 checkpoint", 239, "taken again too"),
+]
+
+
+@pytest.mark.parametrize(("key", "answer", "words"), SLIPS)
+def test_a_numeric_checker_names_the_slip_an_answer_matches(key, answer, words, capsys):
+    assert not ex.check_answer(key, answer)
+    said = capsys.readouterr().out
+    assert words in said and "recheck the rule" not in said
+
+
+def test_every_known_slip_is_tried_and_named_in_chinese_too(capsys):
+    from dp_helpers.course.i18n import set_language
+
+    assert {key for key, _, _ in SLIPS} == set(ex.LIKELY_MISTAKES) - {"00 one-device batch for 4 ranks of 8"}
+    set_language("zh-CN")
+    try:
+        for key, answer, _ in SLIPS:
+            assert not ex.check_answer(key, answer)
+            said = capsys.readouterr().out
+            assert said.startswith("还不对") and "请对照本笔记本中的规则" not in said, said
+    finally:
+        set_language("en")
 
 
 def test_a_count_gets_no_unit_hint_and_a_known_slip_is_named(capsys):

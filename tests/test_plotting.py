@@ -173,7 +173,8 @@ def test_the_zero_stages_picture_shards_one_more_part_per_stage():
 
 
 def test_the_ring_buffers_follow_the_schedule_to_every_sum_on_every_rank():
-    from dp_helpers.tool.plotting import plot_ring_buffers, ring_buffers
+    from dp_helpers.scratch.collectives.ring import ring_buffers
+    from dp_helpers.tool.plotting import plot_ring_buffers
 
     for w in (2, 3, 4):
         states = ring_buffers(w)

@@ -496,7 +496,6 @@ MESSAGES: dict[str, str] = {
     'outputs\n{total} rows\ngathered on\ndevice 0': '输出\n{total} 行\n收集到\n设备 0',
     'scatter\n(+ replicate)': '散射\n（+ 复制模型）',
     'gather': '收集',
-    'ring all-reduce on {n} ranks: reduce-scatter (RS), then all-gather (AG)': '{n} 个 rank 上的环形全归约：先归约-散射（RS），再全收集（AG）',
     "ms since the backward started (an all-reduce's bar: launched to completed, waiting included)": '反向传播开始后的毫秒数（全归约的条：从发起到完成，含等待）',
     'each all-reduce is launched while the backward still computes': '每次全归约都在反向传播仍在计算时发起',
     'all-reduces per step': '每步全归约次数',
@@ -525,8 +524,6 @@ MESSAGES: dict[str, str] = {
     'epoch mean': '每轮平均',
     'dev {d}': '设备 {d}',
     'replica {i}\n{rows} rows': '副本 {i}\n{rows} 行',
-    'add': '相加',
-    'copy': '复制',
     'layer {name}': '第 {name} 层',
     ' backward\n returns': ' backward\n 返回',
     'default': '默认',
@@ -572,4 +569,76 @@ MESSAGES: dict[str, str] = {
     'formula': '公式',
     'cost model': '代价模型',
     '{part} ({size} B each)': '{part}（每个 {size} B）',
+    'that is the mean: all_reduce sums by default (DDP divides by the world size afterwards)':
+        '这是平均值：all_reduce 默认求和（是 DDP 在之后再除以进程总数）',
+    'that is what rank 1 held before: all_reduce changes the tensor in place on every rank':
+        '这是 rank 1 原来的值：all_reduce 会在每个进程上原地修改张量',
+    "that is rank 0's tensor: all_reduce sums every rank's, it does not copy one":
+        '这是 rank 0 的张量：all_reduce 把所有进程的张量相加，而不是复制其中一个',
+    "that is tensor_split's rule (sizes differ by at most one): DataParallel scatters with chunk, ceil(17 / 5) = 4 rows a device until the rows run out":
+        '这是 tensor_split 的规则（各份最多差一行）。DataParallel 用 chunk 分发：每个设备 ceil(17 / 5) = 4 行，直到行数用完',
+    'chunk does not put the rest on the last device: it gives ceil(17 / 5) = 4 rows a device until the rows run out':
+        'chunk 不会把余下的行都放到最后一个设备上。它给每个设备 ceil(17 / 5) = 4 行，直到行数用完',
+    'chunk gives each device ceil(9 / 8) = 2 rows, so the rows run out before the last devices':
+        'chunk 给每个设备 ceil(9 / 8) = 2 行，所以还没轮到最后几个设备，行就用完了',
+    'there are only 8 devices, and chunk gives each ceil(9 / 8) = 2 rows':
+        '一共只有 8 个设备，而且 chunk 给每个设备 ceil(9 / 8) = 2 行',
+    'the sampler pads with the first indices of its order, not the last':
+        '采样器用排列开头的下标来填充，而不是末尾的',
+    'that counts one byte per parameter: a float32 holds 4':
+        '这里每个参数只算了 1 字节，而一个 float32 占 4 字节',
+    '87.5 MB is the reduce-scatter alone: the all-gather sends as much again':
+        '87.5 MB 只是归约-散射这一段，全收集还要再发送同样多',
+    'each phase takes W - 1 = 7 steps of 100 / 8 MB, not 8 steps':
+        '每一段是 W - 1 = 7 步，每步 100 / 8 MB，不是 8 步',
+    'the naive ring forwards the tensor W - 1 = 7 times, not 8: no rank sends to itself':
+        '朴素环把张量转发 W - 1 = 7 次，不是 8 次：没有进程会发给自己',
+    "the naive ring makes one pass, W - 1 hops of the whole tensor; two phases are the ring's":
+        '朴素环只走一遍，整块张量转发 W - 1 次。分成两段的是环形全归约',
+    'the backward produces the gradients last first (0.5, 4, 1, 1, 4), and a bucket takes the tensor that crosses the cap before it closes':
+        '反向传播从最后一个参数开始产生梯度（0.5、4、1、1、4）。越过上限的那个张量会先放进桶里，桶才关闭',
+    'the gradients become ready from the head backwards: count from the last parameter':
+        '梯度从输出层开始往前依次就绪：请从最后一个参数数起',
+    "DDP's small first bucket of 1 MiB is used only when bucket_cap_mb is not given":
+        '只有不传 bucket_cap_mb 时，DDP 才使用 1 MiB 的小首桶',
+    '100 MB is the gradient itself: a ring all-reduce sends 2(W - 1)/W of it per rank':
+        '100 MB 是梯度本身的大小。环形全归约中每个进程发送它的 2(W - 1)/W',
+    '50 MB is the fp16 gradient itself: a ring all-reduce sends 2(W - 1)/W of it per rank':
+        '50 MB 是 fp16 梯度本身的大小。环形全归约中每个进程发送它的 2(W - 1)/W',
+    "that variance divides by N - 1 (torch.var's default): BatchNorm normalises with the biased one, divided by N":
+        '这个方差除以的是 N - 1（torch.var 的默认做法）。BatchNorm 用的是有偏方差，除以 N',
+    'the sampler pads 10 samples to 12, so that each of the 4 ranks gets 3':
+        '采样器把 10 个样本补齐到 12 个，让 4 个进程各拿 3 个',
+    'steps count from 0 here: after 15 steps the next one is step 15':
+        '这里的步数从 0 开始数：走完 15 步之后，下一步是第 15 步',
+    'a step takes 2 ranks x 10 = 20 samples: 5 steps an epoch, not 10':
+        '每一步用掉 2 个进程 x 10 = 20 个样本，所以一轮是 5 步，不是 10 步',
+    'nothing was saved, so the new group cannot know where the old one was: it starts over':
+        '什么都没保存，新的进程组无从得知旧进程组走到了哪里，只能从头开始',
+    "2 GB is ZeRO-3's figure, which shards the parameters too; ZeRO-2 keeps every parameter":
+        '2 GB 是 ZeRO-3 的数字，它连参数也分片。ZeRO-2 保留全部参数',
+    "9 GB is ZeRO-1's figure, which keeps every gradient; ZeRO-2 shards the gradients too":
+        '9 GB 是 ZeRO-1 的数字，它保留全部梯度。ZeRO-2 还会把梯度分片',
+    "16 GB is DDP's figure, which shards nothing":
+        '16 GB 是 DDP 的数字，它什么都不分片',
+    "3.75 GB is the paper's mixed precision (2 + 2 + 12 bytes); this exercise asks for fp32 Adam, 4 + 4 + 8":
+        '3.75 GB 用的是论文中的混合精度（2 + 2 + 12 字节）。本题问的是 fp32 Adam，即 4 + 4 + 8',
+    '1 / f treats the parallel third as the whole step: the serial 2/3 stays, so the limit is 1 / (1 - f)':
+        '1 / f 把可并行的三分之一当成了整步。串行的 2/3 始终存在，所以上限是 1 / (1 - f)',
+    'PowerSGD sends two factors, P (4096 x 8) and Q (4096 x 8), not one':
+        'PowerSGD 发送两个因子 P（4096 x 8）和 Q（4096 x 8），不是一个',
+    'that counts each factor twice: P is 4096 x 8 and Q is 4096 x 8, once each':
+        '这样每个因子算了两次。P 是 4096 x 8，Q 也是 4096 x 8，各发一次',
+    "32 is DDP's bytes over DiLoCo's: the share asked for is its inverse":
+        '32 是 DDP 与 DiLoCo 的字节数之比。题目要的占比是它的倒数',
+    'the number of ranks does not enter: each sends the parameters once per 32 steps, as DDP sends the gradients once per step':
+        '进程数不影响结果：DiLoCo 每 32 步发送一次参数，DDP 每步发送一次梯度',
+    '4000 MB is every fragment: one synchronisation sends one fragment, a quarter':
+        '4000 MB 是全部分段的大小。一次同步只发送一个分段，也就是四分之一',
+    "250 million is the fragment's values: each is 4 bytes of fp32":
+        '2.5 亿是一个分段的数值个数。每个 fp32 数值占 4 字节',
+    'a chunk keeps its sum after it is forwarded: count the chunks this rank received in earlier steps too':
+        '数据块转发出去之后，它的和仍然留在本进程。前几步收到的数据块也要算上',
+    "one too few: a chunk that arrives holds the sender's sum, and the receiver adds its own values to it":
+        '少算了一个：收到的数据块带着发送方的和，接收方还要再加上自己的值',
 }

@@ -213,29 +213,6 @@ def _box(ax, x: float, y: float, text: str) -> None:
             bbox={"boxstyle": "round", "facecolor": "white", "edgecolor": "gray"})
 
 
-def plot_ring_schedule(world_size: int, ax=None):
-    """Which chunk each rank sends to its right neighbour at every step of the ring all-reduce; returns the Axes."""
-    import numpy as np
-
-    from dp_helpers.scratch.collectives.ring import ring_schedule
-
-    ax = _get_ax(ax)
-    steps = world_size - 1
-    grid = np.zeros((world_size, 2 * steps))
-    for st in ring_schedule(world_size):
-        col = st.step + (0 if st.phase == "reduce-scatter" else steps)
-        grid[st.rank, col] = st.send
-        verb = tr("add") if st.phase == "reduce-scatter" else tr("copy")
-        ax.text(col, st.rank, f"c{st.send} → r{(st.rank + 1) % world_size}\n({verb})", ha="center", va="center",
-                fontsize="small")
-    ax.imshow(grid, cmap="Pastel1", vmin=0, vmax=8, aspect="auto")
-    ax.axvline(steps - 0.5, color="black", linewidth=2)
-    ax.set_xticks(range(2 * steps), [f"RS {s + 1}" for s in range(steps)] + [f"AG {s + 1}" for s in range(steps)])
-    ax.set_yticks(range(world_size), [tr("rank {rank}", rank=r) for r in range(world_size)])
-    ax.set_title(tr("ring all-reduce on {n} ranks: reduce-scatter (RS), then all-gather (AG)", n=world_size))
-    return ax
-
-
 def plot_backward_timeline(events: list[dict], ax=None):
     """Gantt chart of one backward: its compute, when each layer's gradients are ready, each all-reduce; returns the Axes."""
     ax = _get_ax(ax)
@@ -443,29 +420,13 @@ def plot_zero_stages(world_size: int = 4, ax=None):
     return ax
 
 
-def ring_buffers(world_size: int) -> list[list[list[frozenset]]]:
-    """Each rank's buffer after every step of the ring (ring_schedule's sends): whose values each chunk sums."""
-    from dp_helpers.scratch.collectives.ring import ring_schedule
-
-    state = [[frozenset([r]) for _ in range(world_size)] for r in range(world_size)]
-    states, schedule = [state], ring_schedule(world_size)
-    for phase in ("reduce-scatter", "all-gather"):
-        for step in range(world_size - 1):
-            new = [row[:] for row in state]
-            for st in (s for s in schedule if (s.phase, s.step) == (phase, step)):  # every rank sends at once
-                right = (st.rank + 1) % world_size
-                new[right][st.send] = state[right][st.send] | state[st.rank][st.send] if phase == "reduce-scatter" \
-                    else state[st.rank][st.send]
-            state = new
-            states.append(state)
-    return states
-
-
 def plot_ring_buffers(world_size: int = 4, ax=None):
     """Every rank's buffer, chunk by chunk, after each step of the ring all-reduce: how many ranks' values it sums."""
     import numpy as np
 
     ax = _get_ax(ax)
+    from dp_helpers.scratch.collectives.ring import ring_buffers
+
     states, w = ring_buffers(world_size), world_size
     grid = np.full((w, len(states) * (w + 1) - 1), np.nan)
     for k, state in enumerate(states):

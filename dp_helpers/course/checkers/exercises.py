@@ -25,8 +25,8 @@ from torch import nn
 
 from dp_helpers.scratch.collectives.ring import (
     naive_ring_bytes,
+    ring_buffers,
     ring_bytes,
-    ring_schedule,
     ring_time,
 )
 from dp_helpers.scratch.communicating_less import compression
@@ -170,9 +170,27 @@ def check_answer(key: str, answer) -> Verdict:
     problem = difference(answer, ANSWERS[key](), units=bool(UNITS.search(key)))  # no "MiB for MB" hint for a count
     if problem is None:
         return verdict(True, tr("that is what this notebook's rules give."))
-    hint = next((words for value, words in LIKELY_MISTAKES.get(key, ()) if difference(answer, value) is None), None)
+    hint = next((words for slip, words in LIKELY_MISTAKES.get(key, ()) if _matches(answer, slip)), None)
     return verdict(False, tr("{problem}; {hint}.", problem=problem,
                              hint=tr(hint) if hint else tr("recheck the rule in this notebook and try again")))
+
+
+def _matches(answer, slip) -> bool:
+    """Whether an answer is this slip: the slip's whole value, or one entry of a table answer (an `_entry`)."""
+    return slip(answer) if callable(slip) else difference(answer, slip) is None
+
+
+def _entry(key: str, value):
+    """A slip in one entry of a table answer: the entry `key` holds `value`, whatever the others hold."""
+    def found(answer) -> bool:
+        entries = {str(k).strip().lower(): v for k, v in answer.items()} if isinstance(answer, dict) else {}
+        return key in entries and difference(entries[key], value) is None
+    return found
+
+
+def _unbiased(answer) -> bool:
+    """Notebook 06's BatchNorm statistics with a variance divided by N - 1 (rank 0's shard or all six values)."""
+    return _entry("rank 0 variance", 1.0)(answer) or _entry("global variance", 9.5)(answer)
 
 
 # answers learners give by one known slip, and the sentence that names it (an English template: tr(words) shows it)
@@ -181,9 +199,77 @@ LIKELY_MISTAKES = {
         (4, tr_later("4 is the number of processes: one device must take in one step every sample the 4 processes "
                      "take together")),
         (8, tr_later("8 is one process's batch: one device must take all 4 processes' samples in one step"))],
+    "00 rank 1's total after the all-reduce": [
+        ([8.0, 16.0], tr_later("that is the mean: all_reduce sums by default (DDP divides by the world size "
+                               "afterwards)")),
+        ([6.0, 16.0], tr_later("that is what rank 1 held before: all_reduce changes the tensor in place on every "
+                               "rank")),
+        ([10.0, 16.0], tr_later("that is rank 0's tensor: all_reduce sums every rank's, it does not copy one"))],
+    "01 rows for 17 on 5": [
+        ([4, 4, 3, 3, 3], tr_later("that is tensor_split's rule (sizes differ by at most one): DataParallel "
+                                   "scatters with chunk, ceil(17 / 5) = 4 rows a device until the rows run out")),
+        ([3, 3, 3, 3, 5], tr_later("chunk does not put the rest on the last device: it gives ceil(17 / 5) = 4 rows "
+                                   "a device until the rows run out"))],
+    "01 devices with work for 9 on 8": [
+        (8, tr_later("chunk gives each device ceil(9 / 8) = 2 rows, so the rows run out before the last devices")),
+        (9, tr_later("there are only 8 devices, and chunk gives each ceil(9 / 8) = 2 rows"))],
+    "01 repeated sample of 11 on 4": [
+        (_entry("samples", [10]), tr_later("the sampler pads with the first indices of its order, not the last"))],
     "02 bytes replicated for 1e6 on 4": [
         (16_000_000, tr_later("that counts device 0 too, which holds the model already: only the copies sent to the "
-                              "other devices are replicated"))],
+                              "other devices are replicated")),
+        (3_000_000, tr_later("that counts one byte per parameter: a float32 holds 4"))],
+    "03 naive and ring MB for 100 MB on 8": [
+        (_entry("ring", 87.5), tr_later("87.5 MB is the reduce-scatter alone: the all-gather sends as much again")),
+        (_entry("ring", 200.0), tr_later("each phase takes W - 1 = 7 steps of 100 / 8 MB, not 8 steps")),
+        (_entry("naive", 800.0), tr_later("the naive ring forwards the tensor W - 1 = 7 times, not 8: no rank sends to "
+                                          "itself")),
+        (_entry("naive", 1400.0), tr_later("the naive ring makes one pass, W - 1 hops of the whole tensor; two "
+                                           "phases are the ring's"))],
+    "04 all-reduces per step for 4,1,1,4,0.5 MiB at 5": [
+        (3, tr_later("the backward produces the gradients last first (0.5, 4, 1, 1, 4), and a bucket takes the "
+                     "tensor that crosses the cap before it closes"))],
+    "05 buckets of the wide MLP at bucket_cap_mb=2": [
+        (_entry("tensors in the first bucket", 5), tr_later("the gradients become ready from the head backwards: "
+                                                            "count from the last parameter")),
+        (_entry("tensors in the first bucket", 4), tr_later("DDP's small first bucket of 1 MiB is used only when "
+                                                            "bucket_cap_mb is not given"))],
+    "05 ring MB per rank for 25e6 gradients on 8": [
+        (_entry("fp32", 100.0), tr_later("100 MB is the gradient itself: a ring all-reduce sends 2(W - 1)/W of it per "
+                                         "rank")),
+        (_entry("fp16", 50.0), tr_later("50 MB is the fp16 gradient itself: a ring all-reduce sends 2(W - 1)/W of it "
+                                        "per rank"))],
+    "06 BatchNorm statistics of [1, 2, 3] and [5, 7, 9]": [
+        (_unbiased, tr_later("that variance divides by N - 1 (torch.var's default): BatchNorm normalises with the "
+                             "biased one, divided by N"))],
+    "06 evaluated and repeated for 10 on 4": [
+        (_entry("evaluated", 10), tr_later("the sampler pads 10 samples to 12, so that each of the 4 ranks gets 3")),
+        (_entry("twice", [8, 9]), tr_later("the sampler pads with the first indices of its order, not the last"))],
+    "07 steps when resuming after 3 of 6 epochs": [
+        (_entry("resumes at step", 16), tr_later("steps count from 0 here: after 15 steps the next one is step 15")),
+        (_entry("resumes at step", 30), tr_later("a step takes 2 ranks x 10 = 20 samples: 5 steps an epoch, not 10"))],
+    "07 epoch a restart without --checkpoint starts at": [
+        (5, tr_later("nothing was saved, so the new group cannot know where the old one was: it starts over")),
+        (6, tr_later("nothing was saved, so the new group cannot know where the old one was: it starts over"))],
+    "08 GB per rank for 1e9 parameters, ZeRO-2 on 8": [
+        (2, tr_later("2 GB is ZeRO-3's figure, which shards the parameters too; ZeRO-2 keeps every parameter")),
+        (9, tr_later("9 GB is ZeRO-1's figure, which keeps every gradient; ZeRO-2 shards the gradients too")),
+        (16, tr_later("16 GB is DDP's figure, which shards nothing")),
+        (3.75, tr_later("3.75 GB is the paper's mixed precision (2 + 2 + 12 bytes); this exercise asks for fp32 Adam, "
+                        "4 + 4 + 8"))],
+    "09 DataParallel emulation limit at f = 1/3": [
+        (3, tr_later("1 / f treats the parallel third as the whole step: the serial 2/3 stays, so the limit is "
+                     "1 / (1 - f)"))],
+    "10 PowerSGD saving for a 4096 x 4096 matrix at rank 8": [
+        (512, tr_later("PowerSGD sends two factors, P (4096 x 8) and Q (4096 x 8), not one")),
+        (128, tr_later("that counts each factor twice: P is 4096 x 8 and Q is 4096 x 8, once each"))],
+    "10 DiLoCo share of DDP's bytes at H = 32": [
+        (32, tr_later("32 is DDP's bytes over DiLoCo's: the share asked for is its inverse")),
+        (1 / 2048, tr_later("the number of ranks does not enter: each sends the parameters once per 32 steps, as "
+                            "DDP sends the gradients once per step"))],
+    "11 Streaming DiLoCo's MB per synchronisation for 1e9 fp32 parameters in 4 fragments": [
+        (4000, tr_later("4000 MB is every fragment: one synchronisation sends one fragment, a quarter")),
+        (250, tr_later("250 million is the fragment's values: each is 4 bytes of fp32"))],
     "11 steps every replica takes again after a restart from the step-1500 checkpoint": [
         (239, tr_later("the step that failed was not finished: it is taken again too"))],
 }
@@ -361,12 +447,20 @@ def _calls_any(fn, names: tuple[str, ...]) -> str | None:
     return next((name for name in names if re.search(rf"\b{name}\s*\(", source)), None)
 
 
-def check_ring_step(fn) -> Verdict:
-    """Notebook 03: fn(rank, step, world_size) -> (chunk sent, chunk received) in reduce-scatter step `step`."""
-    table = {(s.rank, s.step, w): (s.send, s.recv) for w in range(2, 9)
-             for s in ring_schedule(w) if s.phase == "reduce-scatter"}
-    return compare_function(fn, lambda r, s, w: table[(r, s, w)], sorted(table, key=lambda k: (k[2], k[1], k[0])),
-                            lambda a: f"rank={a[0]}, step={a[1]}, world_size={a[2]}")
+def check_ring_sums(fn) -> Verdict:
+    """Notebook 03: fn(rank, chunk, step, world_size) -> how many ranks' values that chunk sums after the step."""
+    table = {}  # the chunks' sums after each step, as ring_schedule's sends leave them
+    for w in range(2, 9):
+        states = ring_buffers(w)
+        table.update({(r, c, s, w): len(states[s + 1][r][c]) for s in range(w - 1) for r in range(w) for c in range(w)})
+    slips = [(lambda r, c, s, w: min(s + 2, w) if c == (r - s - 1) % w else 1,
+              tr_later("a chunk keeps its sum after it is forwarded: count the chunks this rank received in earlier "
+                       "steps too")),
+             (lambda r, c, s, w: max(table[r, c, s, w] - 1, 1),
+              tr_later("one too few: a chunk that arrives holds the sender's sum, and the receiver adds its own "
+                       "values to it"))]
+    return compare_function(fn, lambda r, c, s, w: table[r, c, s, w], sorted(table, key=lambda k: (k[3], k[2], k[0], k[1])),
+                            lambda a: f"rank={a[0]}, chunk={a[1]}, step={a[2]}, world_size={a[3]}", mistakes=slips)
 
 
 def torch_buckets(sizes: list[int], cap: int) -> list[list[int]]:

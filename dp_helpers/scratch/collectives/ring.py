@@ -43,6 +43,22 @@ def ring_schedule(world_size: int) -> list[RingStep]:
     return steps
 
 
+def ring_buffers(world_size: int) -> list[list[list[frozenset]]]:
+    """Each rank's buffer after every step of the ring (ring_schedule's sends): whose values each chunk sums."""
+    state = [[frozenset([r]) for _ in range(world_size)] for r in range(world_size)]
+    states, schedule = [state], ring_schedule(world_size)
+    for phase in ("reduce-scatter", "all-gather"):
+        for step in range(world_size - 1):
+            new = [row[:] for row in state]
+            for st in (s for s in schedule if (s.phase, s.step) == (phase, step)):  # every rank sends at once
+                right = (st.rank + 1) % world_size
+                new[right][st.send] = state[right][st.send] | state[st.rank][st.send] if phase == "reduce-scatter" \
+                    else state[st.rank][st.send]
+            state = new
+            states.append(state)
+    return states
+
+
 def ring_bytes(numel: int, element_size: int, world_size: int, rank: int) -> int:
     """Bytes `rank` sends in the ring: 2(W-1)/W of the tensor when the chunks are equal."""
     sizes = tensor_split_sizes(numel, world_size)  # the ring's chunks: sizes differ by at most one
