@@ -110,6 +110,14 @@ def test_the_package_has_no_import_circle():
     assert not circles(graph), f"import circles: {circles(graph)}"
 
 
+def test_the_repository_tools_have_no_import_circle():
+    from tools.architecture import circles, import_graph
+
+    graph = import_graph(sorted((REPO / "tools").glob("*.py")))
+    assert graph["tools.notebooks"] >= {"tools.edition", "tools.repository"}  # the walk reads `from tools import`
+    assert not circles(graph), f"import circles among tools/: {circles(graph)}"
+
+
 def test_each_part_imports_only_the_parts_below_it():
     from tools.architecture import import_graph, part_arrows
 

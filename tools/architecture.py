@@ -49,9 +49,9 @@ def imported(path: Path, modules: set[str]) -> set[str]:
     return found & modules - {here}
 
 
-def import_graph() -> dict[str, set[str]]:
-    """Room -> the rooms it imports."""
-    files = room_files()
+def import_graph(files: list[Path] | None = None) -> dict[str, set[str]]:
+    """Room -> the rooms it imports (the package's rooms, or these files')."""
+    files = room_files() if files is None else files
     modules = {module_name(p) for p in files}
     return {module_name(p): imported(p, modules) for p in files}
 

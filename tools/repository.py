@@ -133,10 +133,11 @@ def main() -> int:
         return 2
     english = [p for p in changed if p.suffix == ".ipynb"]
     if english:
-        from tools import edition, notebooks
+        from tools import edition
 
         ran = [p for p in english if ran_current_code(edition, edition.edition_of(p))]
-        notebooks.translate(english, False)
+        for problem in (p for problems in edition.translate(english).values() for p in problems):
+            print(problem)
         for path in ran:  # only the repository's address changed in their code: the run's outputs still hold
             edition.stamp_run(edition.edition_of(path))
     print(f"{len(english)} notebook(s) now point at {home().file('')} ({len(changed) - len(english)} translation(s))")
