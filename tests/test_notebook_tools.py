@@ -42,6 +42,18 @@ def test_problems_are_named(tmp_path, kwargs, words):
     assert any(words in p for p in found), found
 
 
+def test_every_lesson_links_its_chinese_edition_saying_what_it_is():
+    import nbformat
+
+    from tools import edition
+
+    for path in edition.english_notebooks():
+        assert nbtools.pointer_problems(nbformat.read(path, as_version=4), path) == [], path.name
+    nb = nbformat.read(edition.english_notebooks()[0], as_version=4)
+    nb.cells[1].source = nb.cells[1].source.split("。")[0] + "（代码和输出与英文版相同）"  # what it said before
+    assert "not the link to its Chinese edition" in nbtools.pointer_problems(nb, edition.english_notebooks()[0])[0]
+
+
 def test_check_command_exit_codes(tmp_path, capsys):
     good, bad = make_notebook(tmp_path / "01_a.ipynb"), make_notebook(tmp_path / "02_b.ipynb", counts=(2, 1))
     assert nbtools.main(["check", str(good)]) == 0

@@ -37,6 +37,8 @@ HEADER = re.compile(r"^<!-- cell (?P<id>[\w-]+) · (?P<kind>markdown|code) · en
 LANGUAGE_LINES = 'from dp_helpers.course.i18n import set_language\nset_language("zh-CN")  # 检查器的提示和图中的文字改用中文'
 ZH_SKELETON = ("学习目标", "小结", "练习")  # the English skeleton's What you'll learn, Takeaways, Exercises
 POINTER = "## 中文版"  # the English notebook's second cell, a link to its Chinese edition: the edition links back
+CHINESE_POINTER = (POINTER + "\n本笔记本的简体中文版：[`{name}`]({name})。正文、练习、检查器的提示和图中的文字都是中文，"
+                   "课程代码打印的结果也是。中文版单独运行，输出来自它自己的那次运行。")
 ENGLISH_POINTER = "## English\nThe English original of this notebook: [`{name}`]({name})."
 CJK = re.compile(r"[\u4e00-\u9fff]")
 NOTEBOOK_LINK = re.compile(r"(?<![\w.])(\d\d_\w+)\.ipynb\b")  # a link to a lesson, in a markdown cell

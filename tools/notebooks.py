@@ -52,7 +52,16 @@ def problems(path: Path) -> list[str]:
         found.append("the first cell is not a '# Title' markdown cell")
     text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
     found += [f"no '{heading}' section" for heading in SKELETON if heading not in text]
-    return found + stale_listings(code) + elsewhere(nb)
+    return found + stale_listings(code) + elsewhere(nb) + pointer_problems(nb, path)
+
+
+def pointer_problems(nb, path: Path) -> list[str]:
+    """A lesson's second cell must be the link to its Chinese edition, saying what that edition is."""
+    if path not in edition.english_notebooks():
+        return []
+    want = edition.CHINESE_POINTER.format(name=edition.edition_of(path).name)
+    got = nb.cells[1].source if len(nb.cells) > 1 else ""
+    return [] if got == want else [f"its second cell is not the link to its Chinese edition: {want!r}"]
 
 
 def elsewhere(nb) -> list[str]:
