@@ -21,7 +21,8 @@ def test_an_edition_runs_the_english_code_and_shows_the_outputs_of_its_own_run(p
             assert edition.same_code(e.source, edition.without_language(z.source)), i
         else:
             assert edition.CJK.search(z.source) or edition.is_pointer(i, e), f"cell {i} is not in Chinese"
-    assert next(c for c in zh.cells if edition.is_setup(c)).source.endswith(edition.LANGUAGE_LINES)
+    setup = next(c for c in zh.cells if edition.is_setup(c)).source  # the language set before the report prints
+    assert setup.endswith(edition.LANGUAGE_LINES + "\nprint(format_report(report()))"), setup[-200:]
     assert edition.run_problems(zh, path.name) == []  # one clean run of exactly this code, no errors
     ran = [c.execution_count for c in zh.cells if c.cell_type == "code"]
     assert ran == list(range(1, len(ran) + 1))
@@ -122,3 +123,11 @@ def test_a_chinese_paragraph_broken_between_two_characters_is_named():
     assert edition.soft_breaks("构建\n模型") == ["构建"]
     assert edition.soft_breaks("构建模型：\n- 一项\n```\n代码\n行\n```\n## 标题") == []  # a list, a fence, a heading
     assert edition.soft_breaks("use the\nmodel") == []  # English: the space is meant
+
+
+def test_the_language_is_set_before_the_setup_cell_prints_the_machines_report():
+    english = "import os\nfrom dp_helpers.tool.env import format_report, report\nprint(format_report(report()))"
+    chinese = edition.with_language(english)
+    assert chinese.splitlines()[-1] == "print(format_report(report()))" and edition.LANGUAGE_LINES in chinese
+    assert edition.without_language(chinese) == english
+    assert edition.with_language("import os") == "import os\n" + edition.LANGUAGE_LINES  # nothing printed: at the end

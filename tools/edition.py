@@ -34,7 +34,7 @@ TRANSLATIONS = REPO / "i18n" / "zh-CN"
 SUFFIX = ".zh-CN.ipynb"
 HEADER = re.compile(r"^<!-- cell (?P<id>[\w-]+) · (?P<kind>markdown|code) · en (?P<hash>[0-9a-f]{12}) -->$")
 # the Chinese edition's checkers speak Chinese: two lines the build adds at the end of the setup cell
-LANGUAGE_LINES = 'from dp_helpers.course.i18n import set_language\nset_language("zh-CN")  # 检查器的提示和图中的文字改用中文'
+LANGUAGE_LINES = 'from dp_helpers.course.i18n import set_language\nset_language("zh-CN")  # 检查器的提示、图中的文字和打印的结果改用中文'
 ZH_SKELETON = ("学习目标", "小结", "练习")  # the English skeleton's What you'll learn, Takeaways, Exercises
 POINTER = "## 中文版"  # the English notebook's second cell, a link to its Chinese edition: the edition links back
 CHINESE_POINTER = (POINTER + "\n本笔记本的简体中文版：[`{name}`]({name})。正文、练习、检查器的提示和图中的文字都是中文，"
@@ -180,7 +180,7 @@ def build(english: Path) -> tuple[nbformat.NotebookNode, list[str]]:
         problems += [problem] if problem else []
         cell.source = source
         if is_setup(cell) and not setup_done:
-            cell.source, setup_done = cell.source.rstrip("\n") + "\n" + LANGUAGE_LINES, True
+            cell.source, setup_done = with_language(cell.source), True
     problems += [f"{rel(path)} translates cell {c}, which {english.name} no longer has" for c in blocks]
     if not setup_done:
         problems.append(f"{english.name} has no setup cell importing dp_helpers to set the language in")
@@ -279,9 +279,16 @@ def is_pointer(index: int, cell) -> bool:
     return index == 1 and cell.cell_type == "markdown" and cell.source.startswith(POINTER)
 
 
+def with_language(source: str) -> str:
+    """A setup cell that sets the language before the last line prints the machine's report (else at its end)."""
+    lines = source.rstrip("\n").split("\n")
+    at = len(lines) - 1 if lines[-1].startswith("print(") else len(lines)
+    return "\n".join(lines[:at] + [LANGUAGE_LINES] + lines[at:])
+
+
 def without_language(source: str) -> str:
     """A Chinese setup cell's source without the lines the build added: the English cell's again."""
-    return source.removesuffix("\n" + LANGUAGE_LINES)
+    return source.replace("\n" + LANGUAGE_LINES, "", 1)
 
 
 def skeleton(english: Path) -> int:

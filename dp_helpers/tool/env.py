@@ -104,14 +104,16 @@ def nccl_available() -> bool:
 
 
 def choose_launch(n_gpus: int, has_nccl: bool) -> tuple[str, int, str]:
-    """The backend and world size `train` uses by default, and why."""
+    """The backend and world size `train` uses by default, and why (in the language set: a notebook's)."""
+    from dp_helpers.tool.i18n import tr
+
     if n_gpus >= 2 and has_nccl:
-        return "nccl", n_gpus, f"{n_gpus} GPUs and NCCL: one process per GPU on nccl"
+        return "nccl", n_gpus, tr("{n} GPUs and NCCL: one process per GPU on nccl", n=n_gpus)
     if n_gpus == 1:
-        return "gloo", 2, "1 GPU: real DDP needs >= 2 GPUs, so 2 CPU processes on gloo"
+        return "gloo", 2, tr("1 GPU: real DDP needs >= 2 GPUs, so 2 CPU processes on gloo")
     if n_gpus >= 2:
-        return "gloo", 2, "GPUs found but this torch has no NCCL, so 2 CPU processes on gloo"
-    return "gloo", 2, "no GPU: 2 CPU processes on gloo"
+        return "gloo", 2, tr("GPUs found but this torch has no NCCL, so 2 CPU processes on gloo")
+    return "gloo", 2, tr("no GPU: 2 CPU processes on gloo")
 
 
 def gpu_device(index: int):
@@ -165,11 +167,28 @@ def report() -> EnvReport:
 
 
 def format_report(rep: EnvReport) -> str:
-    """The report as aligned text lines."""
-    gpus = ", ".join(rep.gpu_names) if rep.gpu_names else "none"
-    rows = [("python", rep.python), ("torch", rep.torch), ("cpu cores", rep.cpu_cores),
-            ("gpus", f"{rep.gpu_count} ({gpus})"), ("platform", rep.platform),
-            ("cuda initialised here", rep.cuda_initialized), ("nccl available", rep.nccl_available),
-            ("train would use", f"backend={rep.backend} world_size={rep.world_size}"),
-            ("why", rep.reason)]
-    return "\n".join(f"{name:<22} {value}" for name, value in rows)
+    """The report as aligned text lines, in the language set (a notebook's)."""
+    from dp_helpers.tool.i18n import tr
+
+    gpus = ", ".join(rep.gpu_names) if rep.gpu_names else tr("none")
+    rows = [("python", rep.python), ("torch", rep.torch), (tr("cpu cores"), rep.cpu_cores),
+            (tr("gpus"), f"{rep.gpu_count} ({gpus})"), (tr("platform"), rep.platform),
+            (tr("cuda initialised here"), yes_no(rep.cuda_initialized)),
+            (tr("nccl available"), yes_no(rep.nccl_available)),
+            (tr("train would use"), f"backend={rep.backend} world_size={rep.world_size}"), (tr("why"), rep.reason)]
+    width = max(columns(name) for name, _ in rows) + 2
+    return "\n".join(f"{name}{' ' * (width - columns(name))}{value}" for name, value in rows)
+
+
+def yes_no(value: bool) -> str:
+    """True or False, as the language set says it."""
+    from dp_helpers.tool.i18n import tr
+
+    return tr("True") if value else tr("False")
+
+
+def columns(text: str) -> int:
+    """The columns a string takes in a terminal: a Chinese character takes two."""
+    import unicodedata
+
+    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)

@@ -641,4 +641,18 @@ MESSAGES: dict[str, str] = {
         '数据块转发出去之后，它的和仍然留在本进程。前几步收到的数据块也要算上',
     "one too few: a chunk that arrives holds the sender's sum, and the receiver adds its own values to it":
         '少算了一个：收到的数据块带着发送方的和，接收方还要再加上自己的值',
+    '{n} GPUs and NCCL: one process per GPU on nccl': '{n} 块 GPU，有 NCCL：每块 GPU 一个进程，用 nccl',
+    '1 GPU: real DDP needs >= 2 GPUs, so 2 CPU processes on gloo': '只有 1 块 GPU：真正的 DDP 至少要 2 块，所以用 2 个 CPU 进程，走 gloo',
+    'GPUs found but this torch has no NCCL, so 2 CPU processes on gloo': '有 GPU，但这个 torch 没有 NCCL，所以用 2 个 CPU 进程，走 gloo',
+    'no GPU: 2 CPU processes on gloo': '没有 GPU：用 2 个 CPU 进程，走 gloo',
+    'none': '无',
+    'cpu cores': 'CPU 核数',
+    'gpus': 'GPU',
+    'platform': '平台',
+    'cuda initialised here': '本进程已初始化 CUDA',
+    'nccl available': '可用 NCCL',
+    'train would use': 'train 将使用',
+    'why': '原因',
+    'True': '是',
+    'False': '否',
 }
