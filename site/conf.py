@@ -5,6 +5,7 @@ import os
 import re
 from pathlib import Path
 
+from docutils import nodes
 from sphinx.search import languages
 from sphinx.search.zh import SearchChinese
 
@@ -62,3 +63,15 @@ html_theme_options = {
     "footer_content_items": ["licence.html"],
 }
 html_favicon = str(here / "_static" / "favicon.svg")
+
+
+def leave_setup_out_of_search(app, doctree) -> None:
+    """Every notebook's setup cell (tools/site.py tags it) is the same clone and imports: Sphinx
+    indexes no words of an element with the class no-search; course.js drops it from excerpts."""
+    for node in doctree.findall(nodes.container):
+        if "tag_course-setup" in node["classes"]:
+            node["classes"].append("no-search")
+
+
+def setup(app) -> None:
+    app.connect("doctree-read", leave_setup_out_of_search)

@@ -3,15 +3,17 @@
 Nothing is executed: the pages show the outputs the notebooks were committed with. Each language is one Sphinx
 build (myst-nb, the book theme) of a staged copy of its sources: the README as the landing page, the notebooks in
 the route's order (notebook 00's route table gives the sidebar's titles and times), the glossary and the source
-article; each notebook page ends with its exercises' solutions, collapsed. English lands in OUT/, Chinese in
-OUT/zh-CN/. Everything a page loads is in OUT (MathJax is copied from the sphinx-mathjax-offline package), so the
-site works offline. Needs requirements-site.txt.
+article; each notebook page ends with its exercises' solutions, collapsed, and opens with its setup
+cell folded. English lands in OUT/, Chinese in OUT/zh-CN/; OUT/404.html, in both, answers an address
+with no page. Everything a page loads is in OUT (MathJax is copied from the sphinx-mathjax-offline
+package), so the site works offline. Needs requirements-site.txt.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import html
 import json
 import os
 import re
@@ -19,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 
 import nbformat
@@ -40,7 +43,8 @@ LANGS = {
            "solutions": "Solutions", "solution": "Solution to exercise {n}", "colab": "Open in Colab",
            "kaggle": "Open in Kaggle", "download": "Download .ipynb", "route": "The route", "readme_title": "The repository's README",
            "licence": "Code, text and figures under the MIT licence", "built": "Built {date} from commit {commit}",
-           "changes": " with local changes", "report": "Report a problem"},
+           "changes": " with local changes", "report": "Report a problem",
+           "setup": "Setup for Colab / Kaggle, and the imports", "setup_hide": "Hide the setup"},
     "zh-CN": {"suffix": ".zh-CN", "root": "zh-CN/", "readme": "README.zh-CN.md", "name": "简体中文", "code": "zh-CN",
               "title": "PyTorch 数据并行",
               "description": "PyTorch 数据并行，边运行边学：DataParallel、DDP、FSDP2 与容错训练，每一步都与单进程对照检查；"
@@ -48,7 +52,8 @@ LANGS = {
               "solutions": "参考答案", "solution": "练习 {n} 的参考答案", "colab": "在 Colab 中打开",
               "kaggle": "在 Kaggle 中打开", "download": "下载 .ipynb", "route": "学习路线", "readme_title": "仓库的 README",
               "licence": "代码、文字和图均采用 MIT 许可证", "built": "{date} 构建自提交 {commit}",
-              "changes": "（含未提交的改动）", "report": "报告问题"},
+              "changes": "（含未提交的改动）", "report": "报告问题",
+              "setup": "Colab / Kaggle 的准备代码和导入", "setup_hide": "收起准备代码"},
 }
 DOCS = ("glossary", "source-article")
 LINK = re.compile(r"(!?)\[([^\]]*)\]\(([^)\s]+)\)")
@@ -163,6 +168,19 @@ def solutions_cell(nb: Path, lang: str) -> nbformat.NotebookNode | None:
     return nbformat.v4.new_markdown_cell("\n".join(parts))
 
 
+def fold_setup(nb: nbformat.NotebookNode, lang: str) -> None:
+    """The setup cell (the first code cell: it clones the course on Colab, Kaggle) folded under a
+    line in the page's language, left out of search: every notebook has it; the lesson first."""
+    first = next((c for c in nb.cells if c.cell_type == "code"), None)
+    if first is None or not repository.CLONE.search(first.source):
+        return
+    tags = first.metadata.get("tags", [])
+    first.metadata["tags"] = [*tags, "hide-cell", "course-setup"]  # course-setup: conf.py, search
+    words = LANGS[lang]
+    first.metadata.setdefault("mystnb", {}).update(
+        {"code_prompt_show": words["setup"], "code_prompt_hide": words["setup_hide"]})
+
+
 def stage_notebook(english: Path, lang: str, out: Path) -> None:
     """One notebook page: its links rewritten, its solutions appended; the .ipynb itself kept for download."""
     source, page = source_of(lang, english), f"notebooks/{english.name}"
@@ -178,6 +196,7 @@ def stage_notebook(english: Path, lang: str, out: Path) -> None:
             svg = output.get("data", {}).get("image/svg+xml")
             if svg:  # myst-nb's alt is the file's path: say what the figure shows instead, in the page's language
                 cell.metadata["mystnb"] = {"image": {"alt": figure_text.alt_text(svg, lang), "classes": "course-figure"}}
+    fold_setup(nb, lang)
     extra = solutions_cell(english, lang)
     if extra is not None:
         nb.cells.append(extra)
@@ -198,12 +217,49 @@ def stage_markdown(source: Path, page: str, lang: str, out: Path, toctree: str =
 def front_page(lang: str) -> str:
     """The site's landing page (site/front/): what the course is, for whom, where to start, the route and its times."""
     first, home = english_notebooks()[0], repository.home()
+    start_row = route_rows(lang)[first.name[:2]]  # the start card's times: 00's row of the route
     fills = {"start": f"notebooks/{first.stem}", "start_title": title(source_of(lang, first)), "route": route_table(lang),
+             "start_core": start_row[3], "start_all": start_row[4],
              "core_minutes": str(core_minutes(lang)), "repository": home.url, "issues": f"{home.url}/issues"}
-    text = (SITE / "front" / f"{lang}.md").read_text(encoding="utf-8")
+    return filled((SITE / "front" / f"{lang}.md").read_text(encoding="utf-8"), fills)
+
+
+def filled(text: str, fills: dict[str, str]) -> str:
+    """A template of site/front/ with each {name} replaced by its value."""
     for key, value in fills.items():
         text = text.replace("{" + key + "}", value)
     return text
+
+
+def not_found_page(out: Path) -> None:
+    """OUT/404.html, both languages (site/front/404.html): GitHub Pages shows it at any address of
+    the site that has no page. It links both front pages and ends with the pages' footer; it loads
+    nothing, so it works in any folder."""
+    icon = (SITE / "_static" / "favicon.svg").read_text(encoding="utf-8").strip()
+    folders = sorted(p.name for p in out.iterdir() if p.is_dir())  # where its script finds the root
+    fills = {"favicon": "data:image/svg+xml," + urllib.parse.quote(icon), "footer": footer(),
+             "folders": json.dumps(folders), "title_en": html.escape(LANGS["en"]["title"]),
+             "title_zh": html.escape(LANGS["zh-CN"]["title"])}
+    template = (SITE / "front" / "404.html").read_text(encoding="utf-8")
+    (out / "404.html").write_text(filled(template, fills), encoding="utf-8")
+
+
+def footer() -> str:
+    """The pages' footer (site/_templates/licence.html) as HTML, a line per language: the licence,
+    this build's date and commit, where to report a problem."""
+    home = home_links()
+    commit = home["commit"]
+    if home["commit_url"]:
+        commit = f'<a href="{home["commit_url"]}">{commit}</a>'
+    lines = []
+    for words in LANGS.values():
+        built = words["built"].format(date=home["date"], commit=commit)
+        changes = words["changes"] if home["changes"] else ""
+        licence = f'<a href="{home["licence"]}">{words["licence"]}</a>'
+        report = f'<a class="course-report" href="{home["issues"]}">{words["report"]}</a>'
+        lines.append(f'<p lang="{words["code"]}">{licence} · '
+                     f'<span class="course-built">{built}{changes}</span> · {report}</p>')
+    return "\n".join(lines)
 
 
 def route_table(lang: str) -> str:
@@ -306,6 +362,7 @@ def build(out: Path, work: Path) -> None:
         subprocess.run(cmd, check=True, env={**os.environ, "DP_SITE_STAGE": json.dumps(settings)})
         site_assets.lighten(dest, skip=tuple(w["root"].strip("/") for w in LANGS.values() if w["root"]))
         print(f"{lang}: {dest} ({time.monotonic() - began:.0f} s)")
+    not_found_page(out)
     (out / ".nojekyll").write_text("")  # GitHub Pages: serve _static/ as it is
 
 

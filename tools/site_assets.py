@@ -26,6 +26,12 @@ GLYPHS = re.compile(r'(?:\.fa-[\w-]+,?)+\{--fa:"[^"]*"(?:;--fa--fa:"[^"]*")?\}')
 PLAIN = re.compile(r'<span class="[npw]">([^<]*)</span>')
 FIGURE = re.compile(r'<img alt="[^"]*" class="course-figure" src="([^"]+)" />')  # tools/site.py's figure outputs
 OPEN = {"en": "Open the figure at its own size", "zh-CN": "以原始大小查看这张图"}  # course.js opens it over the page
+# a notebook output's text; in it, a checker's one-line verdict (dp_helpers/course/checkers/
+# exercises.py, either language): a sentence, which wraps on a phone, where the output's other lines
+# keep their shape and scroll sideways
+OUTPUT = re.compile(r'(<div class="output [^"]*"><div class="highlight"><pre>)(.*?)(?=</pre>)',
+                    re.S)
+VERDICT = re.compile(r"^((?:<span></span>)?)((?:correct|not yet): .*|(?:正确|还不对)：.*)$", re.M)
 URL = re.compile(r'url\((["\']?)(?!data:|https?:|/)([^"\')]+)\1\)')
 
 
@@ -140,6 +146,12 @@ def link_figures(text: str) -> str:
     return FIGURE.sub(lambda m: f'<a class="figure-open" href="{m[1]}" title="{OPEN[lang]}">{m[0]}</a>', text)
 
 
+def mark_verdicts(text: str) -> str:
+    """Each checker's verdict in an output in a span of its own: course.css wraps it, only it."""
+    verdict = r'\1<span class="course-verdict">\2</span>'
+    return OUTPUT.sub(lambda m: m[1] + VERDICT.sub(verdict, m[2]), text)
+
+
 def lighten(site: Path, skip: tuple[str, ...] = ()) -> None:
     """Every page of one built site (pages under the folders in `skip` belong to another site): icons, bundles."""
     script = site / "_static" / "scripts" / "fontawesome.js"
@@ -149,5 +161,8 @@ def lighten(site: Path, skip: tuple[str, ...] = ()) -> None:
         if page.relative_to(site).parts[0] in (*skip, "_static"):  # _static/: the theme's templates, no pages
             continue
         text = FA_SCRIPT.sub(f"<!-- icons drawn inline: {notice} -->\n", page.read_text(encoding="utf-8"), count=1)
-        page.write_text(link_figures(lighten_page(PLAIN.sub(r"\1", ICON.sub(svg, text)), page, bundles)), encoding="utf-8")
+        text = lighten_page(PLAIN.sub(r"\1", ICON.sub(svg, text)), page, bundles)
+        page.write_text(mark_verdicts(link_figures(text)), encoding="utf-8")
     script.unlink()
+    for template in (site / "_static").glob("*.html"):  # the theme's Jinja macros, unrendered
+        template.unlink()

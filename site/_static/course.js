@@ -29,6 +29,13 @@ document.addEventListener("DOMContentLoaded", () => {
     });
     output.after(button);
   });
+  // On a phone a table's rows stack and its header is hidden (course.css): each cell carries its column's name.
+  document.querySelectorAll(".bd-article table").forEach((table) => {
+    const names = [...table.querySelectorAll("thead th")].map((th) => th.textContent.trim());
+    table.querySelectorAll("tbody tr").forEach((row) => {
+      [...row.cells].forEach((cell, i) => { if (names[i]) cell.dataset.label = names[i]; });
+    });
+  });
   // A figure opens at its own size above the page, where a phone pans across it and its text reads at 10 pt; the
   // link to the SVG alone stays for a new tab or a browser without scripts.
   document.querySelectorAll("a.figure-open").forEach((link) => {
@@ -62,12 +69,14 @@ document.addEventListener("DOMContentLoaded", () => {
       return parsed;
     };
   }
-  // A search result's excerpt comes from the page's text, not from its header links or its (printed) contents.
+  // A search result's excerpt comes from the page's text, not from its header links, its (printed) contents or the
+  // setup cell every notebook opens with (conf.py leaves it out of the index).
   if (typeof Search !== "undefined") {
     const toText = Search.htmlToText;
     Search.htmlToText = (html, anchor) => {
       const page = new DOMParser().parseFromString(html, "text/html");
-      page.querySelectorAll(".bd-header-article, .bd-sidebar-secondary, .onlyprint, .prev-next-area").forEach((e) => e.remove());
+      const left = ".bd-header-article, .bd-sidebar-secondary, .onlyprint, .prev-next-area, .no-search";
+      page.querySelectorAll(left).forEach((e) => e.remove());
       return toText(page.documentElement.outerHTML, anchor);
     };
   }
@@ -129,7 +138,8 @@ function nameSection(item, link, html, words) {
   }
 }
 
-// The figure at its natural size over the page, scrollable both ways; a button, Escape or the backdrop closes it.
+// The figure at its natural size over the page, scrollable both ways; a button, Escape, the backdrop or the browser's
+// Back closes it: opening adds an entry to the history (a phone's Back would leave the page), closing takes it away.
 function openFigure(img, zh) {
   const viewer = document.createElement("div");
   viewer.className = "course-viewer";
@@ -141,11 +151,19 @@ function openFigure(img, zh) {
   const close = document.createElement("button");
   close.type = "button";
   close.textContent = zh ? "关闭 ✕" : "Close ✕";
-  const shut = () => { viewer.remove(); document.removeEventListener("keydown", onKey); };
-  const onKey = (event) => { if (event.key === "Escape") shut(); };
-  close.addEventListener("click", shut);
-  viewer.addEventListener("click", (event) => { if (event.target === viewer) shut(); });
+  const shut = (byBack) => {
+    viewer.remove();
+    document.removeEventListener("keydown", onKey);
+    window.removeEventListener("popstate", onBack);
+    if (!byBack && history.state && history.state.courseViewer) history.back();  // the entry opening added
+  };
+  const onKey = (event) => { if (event.key === "Escape") shut(false); };
+  const onBack = () => shut(true);
+  close.addEventListener("click", () => shut(false));
+  viewer.addEventListener("click", (event) => { if (event.target === viewer) shut(false); });
   document.addEventListener("keydown", onKey);
+  history.pushState({ courseViewer: true }, "");
+  window.addEventListener("popstate", onBack);
   viewer.append(close, big);
   document.body.append(viewer);
   close.focus();

@@ -420,3 +420,177 @@ def test_no_notebook_page_is_wider_than_a_phone(server, browser):
         page.goto(f"{server}/{name.as_posix()}", wait_until="load")
         assert page.evaluate("() => document.documentElement.scrollWidth") <= 390, name  # 04's long heading did
     page.close()
+
+
+TABLE_CELLS = """() => [...document.querySelectorAll('.bd-article table')].map(table => {
+    const names = [...table.querySelectorAll('thead th')].map(th => th.textContent.trim());
+    const cells = [...table.querySelectorAll('tbody tr')].flatMap(row => [...row.cells].map(
+        (td, i) => [names[i], getComputedStyle(td, '::before').content, td.textContent.trim()]));
+    return {header: getComputedStyle(table.querySelector('thead')).display, cells}; })"""
+
+
+def test_on_a_phone_a_stacked_table_cell_names_its_column(server, browser):
+    """Under 600 px a table's rows stack and its header is hidden: each cell shows its column's
+    name before it (the front page's route: '42 min' alone says nothing)."""
+    page = browser.new_page(viewport={"width": 390, "height": 800})
+    for root, colon in (("", ": "), ("zh-CN/", "：")):
+        page.goto(f"{server}/{root}index.html", wait_until="networkidle")
+        seen = page.evaluate(TABLE_CELLS)
+        assert seen and all(table["header"] == "none" for table in seen), seen
+        cells = [cell for table in seen for cell in table["cells"] if cell[0]]
+        assert cells and all(shown == f'"{name}{colon}"' for name, shown, _ in cells), cells[:6]
+        times = [text for name, _, text in cells if re.fullmatch(r"\d+ (min|分钟)", text)]
+        assert len(times) >= 10, cells  # the route's minutes, each now under its column's name
+    page.close()
+
+
+LINES = """pres => pres.filter(p => p.clientHeight > 0).map(pre => {
+    const style = e => getComputedStyle(e);
+    const pad = e => parseFloat(style(e).paddingTop) + parseFloat(style(e).paddingBottom);
+    const probe = pre.cloneNode(); probe.textContent = 'x'; pre.after(probe);
+    const line = probe.clientHeight - pad(probe); probe.remove();
+    const lines = pre.textContent.replace(/\\n$/, '').split('\\n').length;
+    const shown = Math.round((pre.clientHeight - pad(pre)) / line);
+    return [pre.textContent, lines, shown, pre.scrollWidth > pre.clientWidth]; })"""
+VERDICTS = """spans => spans.map(s => [s.textContent, s.getClientRects().length,
+                                s.closest('pre').scrollWidth <= s.closest('pre').clientWidth])"""
+
+
+def test_on_a_phone_an_output_keeps_its_lines_and_a_verdict_wraps(server, browser):
+    """Notebook 03's printed ring table keeps one row a line and scrolls sideways, as listings
+    do; a checker's one-line verdict ('not yet: ...', '还不对：...') is a sentence, and wraps."""
+    page = browser.new_page(viewport={"width": 390, "height": 800})
+    for root in ("", "zh-CN/"):
+        page.goto(f"{server}/{root}notebooks/03_ddp_sampler_allreduce.html",
+                  wait_until="networkidle")
+        # each output: [text, its lines, the lines it takes on screen, whether it scrolls]
+        outputs = page.eval_on_selector_all(".cell_output pre:not(:has(.course-verdict))", LINES)
+        ring = [o for o in outputs if "torch.float32  error" in o[0]]
+        assert ring and ring[0][3] and ring[0][1] == ring[0][2] > 5, ring  # a row a line, scrolled
+        assert all(o[1] == o[2] for o in outputs), [o for o in outputs if o[1] != o[2]][:3]
+        verdicts = page.eval_on_selector_all(".cell_output .course-verdict", VERDICTS)
+        assert verdicts and all(re.match(r"not yet: |还不对：", v[0]) for v in verdicts), verdicts
+        assert any(v[1] > 1 for v in verdicts) and all(v[2] for v in verdicts), verdicts
+        assert page.evaluate("() => document.documentElement.scrollWidth") <= 390
+    page.close()
+
+
+@pytest.mark.parametrize("close", ["back", "Escape", "button", "backdrop"])
+def test_the_figure_viewer_closes_with_back_and_leaves_no_history_entry(server, browser, close):
+    """On a phone Back closes an open figure instead of leaving the page; closing it otherwise
+    takes back the history entry opening added, so that Back then leaves the page."""
+    page = browser.new_page(viewport={"width": 390, "height": 800})
+    viewer = page.locator(".course-viewer")
+    for root in ("", "zh-CN/"):
+        page.goto(f"{server}/{root}index.html", wait_until="networkidle")
+        page.goto(f"{server}/{root}notebooks/09_scaling_and_benchmarks.html",
+                  wait_until="networkidle")
+        figure_page, entries = page.url, page.evaluate("() => history.length")
+        page.locator("a.figure-open").first.click()
+        viewer.wait_for(state="visible", timeout=5_000)
+        assert page.evaluate("() => history.length") == entries + 1
+        if close == "back":
+            page.evaluate("() => history.back()")
+        elif close == "Escape":
+            page.keyboard.press("Escape")
+        elif close == "button":
+            viewer.locator("button").click()
+        else:
+            page.mouse.click(10, 10)  # the backdrop above the figure (the button is at the right)
+        viewer.wait_for(state="detached", timeout=5_000)
+        page.wait_for_timeout(300)  # a history.back() lands after the viewer is gone
+        assert page.url == figure_page
+        assert page.evaluate("() => history.state?.courseViewer") is None
+        page.evaluate("() => history.back()")  # no entry of the viewer's is left: Back leaves
+        page.wait_for_url(f"{server}/{root}index.html", timeout=5_000)
+    page.close()
+
+
+def test_the_start_card_gives_notebook_00s_times_from_the_route_table(server, browser):
+    def look(page):
+        card = page.locator(".sd-card").first.text_content()
+        row = page.locator(".bd-article table tbody tr").first
+        return card, [row.locator("td").nth(i).text_content().strip() for i in range(5)]
+
+    for root in ("", "zh-CN/"):
+        card, row = visit(browser, f"{server}/{root}index.html", look)["acted"]
+        assert row[0] == "00" and row[3] in card and row[4] in card, (card, row)
+        assert not re.search(r"30 (minutes|分钟)", card), card
+
+
+def test_search_leaves_out_the_setup_cell_every_notebook_opens_with(server, browser):
+    """Every notebook's first code cell is the same clone and imports: search neither lists a page
+    for its words (importlib is taught only in 07 and 08) nor shows it as a result's excerpt."""
+    setup = {"": "fetch the course", "zh-CN/": "获取课程代码"}
+    excerpts = "lis => lis.map(li => li.querySelector('p.context')?.textContent || '')"
+    for root, words in setup.items():
+        found = search_results(browser, server, root, "importlib")
+        assert sorted(found) == [f"/{root}notebooks/{name}.html"
+                                 for name in ("07_real_jobs", "08_sharded_data_parallel")], found
+        shown = search_page(browser, server, root, "dp_helpers", excerpts)
+        assert shown and not any(words in text or "importlib" in text for text in shown), shown
+
+
+def test_every_notebook_page_folds_its_setup_cell_under_a_line_in_its_language(server, browser):
+    summaries = {"": "Setup for Colab / Kaggle, and the imports",
+                 "zh-CN/": "Colab / Kaggle 的准备代码和导入"}
+    for name in (p for p in html_pages() if p.parts[-2:-1] == ("notebooks",)):
+        text = (SITE / name).read_text(encoding="utf-8")
+        first = text.index('<div class="cell ')  # the first code cell: folded, closed
+        assert text.startswith('<div class="cell tag_hide-cell tag_course-setup', first), name
+        assert re.match(r'[^>]*>\s*<details class="[^"]*hide[^"]*">', text[first:]), name
+
+    def fold(page):
+        setup = page.locator(".bd-article .cell").first
+        code = setup.locator("pre").first
+        before = (setup.locator("summary").inner_text().strip(), code.is_visible())
+        setup.locator("summary").click()
+        return before, code.is_visible()
+
+    page = browser.new_page(viewport={"width": 390, "height": 800})
+    for root, summary in summaries.items():
+        page.goto(f"{server}/{root}notebooks/03_ddp_sampler_allreduce.html",
+                  wait_until="networkidle")
+        assert fold(page) == ((summary, False), True)
+    page.close()
+
+
+LOOK = """link => [document.body, document.querySelector(link)].map(getComputedStyle).map(
+    (s, i) => i ? s.color : [s.fontFamily, s.color, s.backgroundColor].join(' / '))"""
+
+
+def test_a_missing_address_gets_a_404_page_in_both_languages_styled_like_the_site(server, browser):
+    """GitHub Pages answers an address with no page with the site's 404.html, in whatever folder it
+    was asked: its links still reach both front pages (a project site lives under /NAME/), and it
+    looks like the site, in light and in dark."""
+    assert (SITE / "404.html").is_file()
+    page = browser.new_page(viewport={"width": 390, "height": 800})
+    body = (SITE / "404.html").read_text(encoding="utf-8")
+
+    def answer(route):
+        route.fulfill(status=404, body=body, content_type="text/html")
+
+    links = "() => [...document.querySelectorAll('a[data-path]')].map(a => a.href)"
+    page.route("**/missing/**", answer)
+    page.goto(f"{server}/missing/zh-CN/notebooks/99_gone.html", wait_until="load")
+    assert page.evaluate(links) == [f"{server}/missing/index.html",
+                                    f"{server}/missing/zh-CN/index.html"]
+    for where in ("notebooks/99_gone.html", "zh-CN/docs/gone.html", "gone.html"):
+        page.route(f"**/{where}", answer)
+        page.goto(f"{server}/{where}", wait_until="load")
+        assert page.evaluate(links) == [f"{server}/index.html", f"{server}/zh-CN/index.html"], where
+        assert page.locator("section[lang=en] h1").inner_text() == "Page not found"
+        assert page.locator("section[lang=zh-CN] h1").inner_text() == "页面不存在"
+    for scheme in ("light", "dark"):  # the site follows the system's (its theme's mode is "auto")
+        page.emulate_media(color_scheme=scheme)
+        page.goto(f"{server}/gone.html", wait_until="load")
+        styled = page.evaluate(LOOK, "a[data-path]")
+        page.locator("a.course-lang").click()
+        page.wait_for_url(f"{server}/zh-CN/index.html")
+        assert page.evaluate(LOOK, ".bd-article li a[href$='readme.html']") == styled, scheme
+    page.close()
+
+
+def test_the_themes_unrendered_templates_are_not_shipped(server):  # server: skips without a site
+    templates = [p.relative_to(SITE) for p in SITE.rglob("_static/**/*.html")]
+    assert templates == [], templates  # webpack-macros.html: Jinja, {{ }} links to nowhere
