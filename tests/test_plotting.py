@@ -195,3 +195,16 @@ def test_members_draws_a_square_per_member_and_step_on_the_axes_given():
     assert [len(c.get_offsets()) for c in ax.collections] == [3, 2, 3]  # replica 1 missed step 1
     assert list(ax.get_yticks()) == [0, 1, 2] and "replica 1 killed before step 1" in ax.texts[0].get_text()
     plt.close(fig)
+
+
+def test_buckets_draws_each_bucket_where_its_all_reduce_starts_in_the_backward():
+    from dp_helpers.tool.plotting import plot_buckets
+
+    mib = 2**20
+    ax = plot_buckets({"step 0": [5 * mib], "rebuilt": [1 * mib, 4 * mib]})
+    bars = [(round(p.get_x(), 6), round(p.get_width(), 6)) for p in ax.patches]
+    assert bars == [(0.0, 5.0), (0.0, 1.0), (1.0, 4.0)]  # in MiB, laid end to end in the order they start
+    starts = sorted((line.get_xdata()[0], round(line.get_ydata()[0])) for line in ax.lines)
+    assert starts == [(1.0, 1), (5.0, 0), (5.0, 1)]  # a marker at each bucket's last gradient
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["step 0", "rebuilt"]
+    plt.close("all")

@@ -655,4 +655,10 @@ MESSAGES: dict[str, str] = {
     'why': '原因',
     'True': '是',
     'False': '否',
+    'bucket {k}':
+        '桶 {k}',
+    "MiB of gradients the backward has produced, last layer first (▼: a bucket's all-reduce starts)":
+        '反向传播已产生的梯度（MiB），从最后一层开始（▼：一个梯度桶的全归约开始）',
+    "DDP's buckets: each is all-reduced once its last gradient is ready":
+        'DDP 的梯度桶：桶里最后一个梯度就绪，就对它做全归约',
 }

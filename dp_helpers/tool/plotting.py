@@ -238,10 +238,31 @@ def plot_backward_timeline(events: list[dict], ax=None):
     if done:  # labelled beside the line, inside the axes, rather than in a legend that would hide the last bars
         ax.axvline(1e3 * done[0], color="gray", linestyle=":")
         ax.text(1e3 * done[0], 0, tr(" backward\n returns"), ha="left", va="center", fontsize="x-small", color="gray")
-    ax.set_yticks(range(len(buckets) + 2), [tr("backward (compute)"), tr("gradients ready")] + [e["name"] for e in buckets])
+    names = [tr("bucket {k}", k=e["name"].split()[-1]) if e["name"].startswith("bucket ") else e["name"] for e in buckets]
+    ax.set_yticks(range(len(buckets) + 2), [tr("backward (compute)"), tr("gradients ready")] + names)
     ax.invert_yaxis()
     ax.set_xlabel(tr("ms since the backward started (an all-reduce's bar: launched to completed, waiting included)"))
     ax.set_title(tr("each all-reduce is launched while the backward still computes"))
+    return ax
+
+
+def plot_buckets(rows: dict[str, list[int]], ax=None):
+    """DDP's buckets, one row per setting, in the order their all-reduces start: each starts once its last gradient is
+    ready, at the bar's right end (x: the gradients the backward has produced by then); returns the Axes."""
+    ax = _get_ax(ax)
+    for row, sizes in enumerate(rows.values()):
+        start = 0.0
+        for k, size in enumerate(sizes):
+            mib = size / 2**20
+            ax.barh(row, mib, left=start, height=0.6, color=f"C{k % 10}", edgecolor="white")
+            ax.plot(start + mib, row - 0.42, marker="v", color="black", markersize=5)  # its all-reduce starts
+            if mib > 0.45:
+                ax.text(start + mib / 2, row, f"{mib:.2f}", ha="center", va="center", fontsize="x-small", color="white")
+            start += mib
+    ax.set_yticks(range(len(rows)), list(rows))
+    ax.invert_yaxis()
+    ax.set_xlabel(tr("MiB of gradients the backward has produced, last layer first (▼: a bucket's all-reduce starts)"))
+    ax.set_title(tr("DDP's buckets: each is all-reduced once its last gradient is ready"))
     return ax
 
 
