@@ -465,16 +465,16 @@ MESSAGES: dict[str, str] = {
         "在 2 个 rank 上训练 {steps} 步中的 {stop} 步后停下、在 3 个 rank 上恢复，你的脚本得到的权重与单设备在每步同样 {batch} 个窗口上训练的结果相同：在 meta 设备上先对每个块、再对根模块分片，每个 rank 都用 DCP 保存和加载自己的分片，并重命名到位。",
     "the live_mean skeleton": "live_mean 骨架",
     "write its body": "写出它的函数体",
-    "with rank(s) {dead} dead, rank {rank}": "在 rank {dead} 死掉的情况下，rank {rank}",
+    "with rank(s) {dead} dead, rank {rank}": "在 rank {dead} 挂掉的情况下，rank {rank}",
     "with every rank alive, rank {rank}": "在所有 rank 都存活的情况下，rank {rank}",
     "{where} returned {got}, where {live} ranks are alive: return how many are.":
         "{where}返回了 {got}，而存活的 rank 有 {live} 个：请返回存活的 rank 数。",
     ("dead in this case, it kept its own values: it takes the survivors' mean too (a replica that comes back heals "
      "from it)."):
-        "它在这种情况下已经死掉，却保留了自己的值：它也要拿到存活副本的平均值（重新回来的副本要靠它恢复）。",
+        "它在这种情况下已经挂掉，却保留了自己的值：它也要拿到存活副本的平均值（重新回来的副本要靠它恢复）。",
     ("its gradients became the mean over all {world_size} ranks: a dead replica's values must not count (let it send "
      "zeros)."):
-        "它的梯度变成了全部 {world_size} 个 rank 的平均：死掉的副本的值不能计入（让它发送零）。",
+        "它的梯度变成了全部 {world_size} 个 rank 的平均：挂掉的副本的值不能计入（让它发送零）。",
     ("its gradients became the live ranks' sum divided by {world_size}: divide by the number of ranks alive, not by "
      "the world size."):
         "它的梯度变成了存活 rank 的和除以 {world_size}：应当除以存活的 rank 数，而不是进程总数。",
@@ -482,7 +482,7 @@ MESSAGES: dict[str, str] = {
         "它的梯度变成了 {got}，而存活 rank 的平均是 {want}。",
     ("on 3 and 4 ranks, with no rank, one or all but one dead, in float32 and float64: every rank holds the live "
      "ranks' mean, and knows how many they are."):
-        "在 3 个和 4 个 rank 上，无论没有 rank 死掉、死掉一个，还是只剩一个存活，float32 和 float64 下每个 rank 都持有存活 rank 的平均值，并知道存活的有几个。",
+        "在 3 个和 4 个 rank 上，无论没有 rank 挂掉、挂掉一个，还是只剩一个存活，float32 和 float64 下每个 rank 都持有存活 rank 的平均值，并知道存活的有几个。",
     "the step that failed was not finished: it is taken again too": "失败的那一步并没有完成：它也要重新做一遍",
     # the plotting helpers' labels (tool/plotting.py)
     'compute only': '只有计算',
@@ -564,6 +564,7 @@ MESSAGES: dict[str, str] = {
     ' = formula': ' = 公式',
     '\n(formula {formula})': '\n（公式 {formula}）',
     'epoch {epoch}': '第 {epoch} 轮',
+    '{method} without error feedback': '{method}（不带误差反馈）',
     'communication': '通信',
     'collective {i}': '集合通信 {i}',
     'formula': '公式',

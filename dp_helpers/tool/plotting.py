@@ -465,6 +465,16 @@ def plot_ring_buffers(world_size: int = 4, ax=None):
     return ax
 
 
+WITHOUT_FEEDBACK = " without error feedback"
+
+
+def _method_label(method: str) -> str:
+    """A method's legend entry: its name, the words after it (PowerSGD's "without error feedback") in the language."""
+    if method.endswith(WITHOUT_FEEDBACK):
+        return tr("{method} without error feedback", method=method.removesuffix(WITHOUT_FEEDBACK))
+    return method
+
+
 def plot_accuracy_vs_bytes(results: dict, ax=None, title: str | None = None):
     """Held-out accuracy after each epoch against the bytes sent by then, a line per method (notebook 10)."""
     ax = _get_ax(ax)
@@ -473,7 +483,7 @@ def plot_accuracy_vs_bytes(results: dict, ax=None, title: str | None = None):
         style = "--" if "without" in method else "-"  # the one that is meant to fail
         x, y = [b / 2**20 for b in row["bytes"]], [100 * a for a in row["accuracy"]]
         color = "black" if method == "DDP" else f"C{next(others) % 10}"  # the baseline, the same in every panel
-        ax.plot(x, y, style, marker="o", ms=3, color=color, label=method)
+        ax.plot(x, y, style, marker="o", ms=3, color=color, label=_method_label(method))
         if method == "DDP":  # one line's points numbered: each point is the end of an epoch
             for epoch, (xi, yi) in enumerate(zip(x, y, strict=True), start=1):
                 ax.annotate(tr("epoch {epoch}", epoch=epoch), (xi, yi), xytext=(4, -9), textcoords="offset points",
