@@ -45,6 +45,7 @@ KNOWN = {  # (lesson, the number as the prose writes it, spaces removed): what i
     ("10", "10%"): SETTING, ("10", "0.3"): SETTING, ("10", "0.7"): SETTING, ("10", "0.9"): SETTING,
     ("10", "1ms"): SETTING, ("10", "2ms"): ARITHMETIC, ("10", "35ms"): ARITHMETIC, ("10", "50µs"): SETTING,
     ("10", "70µs"): ARITHMETIC, ("10", "0.9us"): ARITHMETIC, ("10", "6.5%"): ARITHMETIC, ("10", "0.25"): SETTING,
+    ("11", "0.1s"): SETTING,  # torch's default monitor interval
     ("11", "0.2"): SETTING, ("11", "1.5s"): SETTING, ("11", "0.5"): SETTING, ("11", "0.5s"): SETTING,
 }
 
