@@ -11,8 +11,10 @@ disk). Rank 0 prints one JSON line: the seconds each rank spent stalled in savin
 """
 
 import argparse
+import contextlib
 import gc
 import json
+import math
 import os
 import sys
 import time
@@ -52,20 +54,53 @@ def batch(step: int, rank: int, size: int, device, width: int = 256) -> tuple[to
     return x.to(device), x[:, :1].sin().to(device)
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1 (argparse refuses anything else in one line)."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return int(text)
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds >= 0 (float() alone takes 'nan', 'inf')."""
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number >= 0")
+    return value
+
+
+def file_to_write(text: str) -> str:
+    """An argparse type: a file in a folder that exists, checked now rather than after training."""
+    folder = os.path.dirname(os.path.abspath(text))
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text} is a folder, not a file name")
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"there is no folder {folder} to write {text} in")
+    return text
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mode", choices=("sync", "async", "rank0"), default="async")
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--save-every", type=int, default=5)
-    parser.add_argument("--stop-after", type=int, default=None, help="stop after this many steps (to resume later)")
-    parser.add_argument("--checkpoint", default="ck_async", help="a folder: step-N in it, resumed from the newest complete one")
-    parser.add_argument("--slow-disk", type=float, default=0.0, help="seconds added to each rank's write")
-    parser.add_argument("--batch-size", type=int, default=32, help="samples per step, per process")
-    parser.add_argument("--timeout", type=float, default=60, help="seconds a collective waits for the others")
-    parser.add_argument("--out", default=None, help="write the final weights here (rank 0)")
+    parser.add_argument("--steps", type=positive_int, default=20)
+    parser.add_argument("--save-every", type=positive_int, default=5)
+    parser.add_argument("--stop-after", type=positive_int, default=None,
+                        help="stop after this many steps (to resume later)")
+    parser.add_argument("--checkpoint", default="ck_async",
+                        help="a folder: step-N in it, resumed from the newest complete one")
+    parser.add_argument("--slow-disk", type=seconds, default=0.0,
+                        help="seconds added to each rank's write")
+    parser.add_argument("--batch-size", type=positive_int, default=32,
+                        help="samples per step, per process")
+    parser.add_argument("--timeout", type=seconds, default=60,
+                        help="seconds a collective waits for the others")
+    parser.add_argument("--out", type=file_to_write, default=None,
+                        help="write the final weights here (rank 0)")
     args = parser.parse_args()
-    if args.steps < 1 or args.save_every < 1 or args.slow_disk < 0 or args.timeout <= 0:
-        parser.error("--steps and --save-every must be >= 1, --slow-disk >= 0 and --timeout > 0.")
+    if args.timeout == 0:
+        parser.error("argument --timeout: must be more than 0 seconds")
+    if os.path.isfile(args.checkpoint):
+        parser.error(f"argument --checkpoint: {args.checkpoint} is a file, not a folder")
     return args
 
 
@@ -81,15 +116,24 @@ def resume(model: DDP, optimizer, folder: Path) -> int:
     path, step = latest(folder)
     if path is None:
         return 0
-    if path.suffix == ".pt":  # rank 0's torch.save: every rank reads the whole file
-        saved = torch.load(path, map_location="cpu")
-        model.module.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-    else:
-        model_state, optimizer_state = get_state_dict(model, optimizer)
-        state = {"model": model_state, "optimizer": optimizer_state}
-        dcp.load(state, checkpoint_id=str(path))  # a collective: each rank reads what it needs, in place
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    try:
+        if path.suffix == ".pt":  # rank 0's torch.save: every rank reads the whole file
+            saved = torch.load(path, map_location="cpu")
+            model.module.load_state_dict(saved["model"])
+            optimizer.load_state_dict(saved["optimizer"])
+        else:
+            model_state, optimizer_state = get_state_dict(model, optimizer)
+            state = {"model": model_state, "optimizer": optimizer_state}
+            dcp.FileSystemReader(path).read_metadata()  # its index first: else DCP logs tracebacks
+            dcp.load(state, checkpoint_id=str(path))  # a collective: each rank reads what it needs
+            set_state_dict(model, optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optimizer"])
+    except (Exception, dcp.api.CheckpointException) as exc:  # on every rank if one failed
+        failures = getattr(exc, "failures", {0: (exc, None)})  # a CheckpointException: each rank's
+        failure = next(iter(failures.values()))[0]
+        said = (str(failure) or "it ends early").splitlines()[0].split(". ")[0]  # a sentence
+        sys.exit(f"[rank {dist.get_rank()}] cannot resume from {path}, damaged or another model's: "
+                 f"{type(failure).__name__}: {said}")
     return step
 
 
@@ -123,9 +167,21 @@ class Saver:
         if self.rank == 0:
             self.folder.mkdir(parents=True, exist_ok=True)
             time.sleep(self.args.slow_disk)
-            tmp = self.folder / f"step-{step}.tmp"
-            torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict()}, tmp)
-            tmp.rename(self.folder / f"step-{step}.pt")
+            tmp = self.folder / f"step-{step}.tmp{os.getpid()}"  # this process's: no run shares it
+            state = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict()}
+            try:
+                torch.save(state, tmp)
+                with open(tmp, "rb") as written:
+                    os.fsync(written.fileno())  # on the disk before the rename, power cut or not
+                tmp.replace(self.folder / f"step-{step}.pt")
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    tmp.unlink()  # a failed save leaves no temporary file behind
+                raise
+            if os.name == "posix":  # the rename on the disk too (Windows cannot fsync a folder)
+                handle = os.open(self.folder, os.O_RDONLY)
+                os.fsync(handle)
+                os.close(handle)
 
     def wait(self) -> None:
         """Block until the save in flight, if any, is on disk."""
@@ -158,7 +214,10 @@ def main() -> None:
     model = DDP(make_model().to(device), device_ids=[local_rank] if on_gpu else None, process_group=group)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)  # state to save: two moments per weight
     start = resume(model, optimizer, Path(args.checkpoint))
-    if rank == 0 and start:
+    if rank == 0 and start >= args.steps:
+        print(f"nothing left to train: {args.checkpoint} already holds {start} steps and --steps "
+              f"is {args.steps}", flush=True)
+    elif rank == 0 and start:
         print(f"resumed at step {start + 1}", flush=True)
     saver, last = Saver(args, rank), min(args.steps, start + (args.stop_after or args.steps))
     began = time.perf_counter()

@@ -10,6 +10,7 @@ the same weights as W processes with --batch-size B (up to float rounding), stop
 import argparse
 import contextlib
 import gc
+import math
 import os
 import sys
 from datetime import timedelta
@@ -44,20 +45,51 @@ def pick_device(local_rank: int, local_world_size: int) -> tuple[torch.device, s
     return torch.device("cpu"), "gloo"
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1 (argparse refuses anything else in one line)."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return int(text)
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number > 0 (float() alone takes 'nan' and 'inf' too)."""
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number > 0")
+    return value
+
+
+def file_to_write(text: str) -> str:
+    """An argparse type: a file in a folder that exists, checked now rather than after training."""
+    folder = os.path.dirname(os.path.abspath(text))
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text} is a folder, not a file name")
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"there is no folder {folder} to write {text} in")
+    return text
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=6)
-    parser.add_argument("--batch-size", type=int, default=16, help="samples per micro-batch, per process")
-    parser.add_argument("--grad-accum-steps", type=int, default=2, help="micro-batches per optimizer step")
-    parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--max-grad-norm", type=float, default=1.0, help="clip the global gradient norm to this")
+    parser.add_argument("--epochs", type=positive_int, default=6)
+    parser.add_argument("--batch-size", type=positive_int, default=16,
+                        help="samples per micro-batch, per process")
+    parser.add_argument("--grad-accum-steps", type=positive_int, default=2,
+                        help="micro-batches per optimizer step")
+    parser.add_argument("--lr", type=positive_float, default=0.05)
+    parser.add_argument("--max-grad-norm", type=positive_float, default=1.0,
+                        help="clip the global gradient norm to this")
     parser.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
                         help="bf16: autocast; fp16: autocast with a GradScaler (GPUs, in this script)")
-    parser.add_argument("--checkpoint", default=None, help="save after every epoch; resume from it if it exists")
-    parser.add_argument("--stop-after", type=int, default=None, help="stop after this many epochs of this run")
+    parser.add_argument("--checkpoint", type=file_to_write, default=None,
+                        help="save after every epoch; resume from it if it exists")
+    parser.add_argument("--stop-after", type=positive_int, default=None,
+                        help="stop after this many epochs of this run")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="model.pt")
-    parser.add_argument("--timeout", type=float, default=60, help="seconds to wait for the others")
+    parser.add_argument("--out", type=file_to_write, default="model.pt")
+    parser.add_argument("--timeout", type=positive_float, default=60,
+                        help="seconds to wait for the others")
     return parser.parse_args()
 
 
@@ -94,6 +126,15 @@ def train_step(model, group, optimizer, scaler, amp_dtype, max_grad_norm: float,
     return total
 
 
+def stop_if_not_finite(loss: float, where: str, rank: int | None = None) -> None:
+    """Stop with one line when the loss is NaN or inf: every later step would only spread it. Under torchrun the
+    line names the rank, and torchrun then stops the other ranks."""
+    if not math.isfinite(loss):
+        who = "" if rank is None else f"[rank {rank}] "
+        sys.stderr.write(f"{who}loss is {loss} {where}: lower --lr?\n")  # one write: ranks' lines never interleave
+        sys.exit(1)
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, held_out: TensorDataset, rank: int, world_size: int, device) -> tuple[float, float]:
     """Mean loss and accuracy over every held-out sample exactly once: rank r scores r, r + W, ... (no padding)."""
@@ -115,10 +156,22 @@ def save_checkpoint(path: str, model, optimizer, scaler, next_epoch: int, rank: 
     rng = [None] * dist.get_world_size() if rank == 0 else None
     dist.gather_object(torch.get_rng_state(), rng, dst=0)  # every rank calls it: each rank's random state
     if rank == 0:
-        state = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
-                 "epoch": next_epoch, "rng": rng}
-        torch.save(state, f"{path}.tmp")
-        os.replace(f"{path}.tmp", path)
+        state = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
+                 "scaler": scaler.state_dict(), "epoch": next_epoch, "rng": rng}
+        tmp = f"{path}.tmp{os.getpid()}"  # this process's own: two runs on one path never share it
+        try:
+            torch.save(state, tmp)
+            with open(tmp, "rb") as written:
+                os.fsync(written.fileno())  # on the disk before the rename, power cut or not
+            os.replace(tmp, path)  # one step: whoever reads path finds the old snapshot or the new
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)  # a failed save leaves no temporary file behind
+            raise
+        if os.name == "posix":  # the rename on the disk too (Windows cannot fsync a folder)
+            folder = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+            os.fsync(folder)
+            os.close(folder)
     dist.barrier()  # nobody goes on (or stops) before the snapshot is complete
 
 
@@ -126,13 +179,24 @@ def load_checkpoint(path: str, model, optimizer, scaler, rank: int, device) -> i
     """Every rank loads the snapshot onto its device; returns the epoch to start from (0 without one)."""
     if not os.path.exists(path):
         return 0
-    state = torch.load(path, map_location=device, weights_only=True)
-    model.module.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    scaler.load_state_dict(state["scaler"])
-    if rank < len(state["rng"]):  # at another world size a new rank keeps its own
-        torch.set_rng_state(state["rng"][rank].cpu())
-    return state["epoch"]  # the sampler's order follows from it: set_epoch(epoch) below
+    try:
+        state = torch.load(path, map_location=device, weights_only=True)
+    except Exception:  # one sentence instead of torch's traceback
+        sys.exit(f"[rank {rank}] cannot resume: {path} is empty, cut short or not torch.save's.")
+    try:
+        model.module.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scaler.load_state_dict(state["scaler"])
+        rng, epoch = state["rng"], state["epoch"]
+    except (KeyError, TypeError, IndexError) as exc:  # not the dict save_checkpoint writes
+        sys.exit(f"[rank {rank}] cannot resume: {path} is not a checkpoint of this script "
+                 f"({type(exc).__name__}: {exc}).")
+    except (RuntimeError, ValueError):  # the right entries, for other shapes
+        sys.exit(f"[rank {rank}] cannot resume: {path} is another model's, optimizer's or "
+                 "--precision's.")
+    if rank < len(rng):  # at another world size a new rank keeps its own
+        torch.set_rng_state(rng[rank].cpu())
+    return epoch  # the sampler's order follows from it: set_epoch(epoch) below
 
 
 def main() -> None:
@@ -154,15 +218,19 @@ def main() -> None:
     amp_dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[args.precision]
     scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "fp16")  # a no-op unless fp16
     start = load_checkpoint(args.checkpoint, model, optimizer, scaler, rank, device) if args.checkpoint else 0
-    if rank == 0 and start:
+    if rank == 0 and start >= args.epochs:
+        print(f"nothing left to train: {args.checkpoint} already holds {start} epochs and --epochs "
+              f"is {args.epochs}", flush=True)
+    elif rank == 0 and start:
         print(f"resumed from {args.checkpoint} at epoch {start + 1}", flush=True)
 
     last = args.epochs if args.stop_after is None else min(args.epochs, start + args.stop_after)
     for epoch in range(start, last):
         sampler.set_epoch(epoch)  # a new order every epoch, the same on every rank, and again after a resume
         total = torch.zeros(2, device=device)  # this rank's loss sum and samples
-        for group in micro_batch_groups(loader, args.grad_accum_steps):
+        for step, group in enumerate(micro_batch_groups(loader, args.grad_accum_steps)):
             loss_sum = train_step(model, group, optimizer, scaler, amp_dtype, args.max_grad_norm, device)
+            stop_if_not_finite(loss_sum, f"at step {step + 1} of epoch {epoch + 1}", rank)
             total += torch.tensor([loss_sum, sum(len(x) for x, _ in group)], device=device)
         dist.all_reduce(total)
         held_loss, accuracy = evaluate(model.module, held_out, rank, world_size, device)

@@ -15,7 +15,9 @@ failure when it does not); DCP, which every rank writes, is the general answer.
 """
 
 import argparse
+import contextlib
 import gc
+import math
 import os
 import sys
 import time
@@ -41,33 +43,91 @@ def global_batch(step: int, size: int, features: int = 16) -> tuple[torch.Tensor
     return x, torch.tanh(x @ torch.linspace(-0.5, 0.5, features)).unsqueeze(1)  # a rule the model can learn
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1 (argparse refuses anything else in one line)."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return int(text)
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number > 0 (float() alone takes 'nan' and 'inf' too)."""
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number > 0")
+    return value
+
+
+def file_to_write(text: str) -> str:
+    """An argparse type: a file in a folder that exists, checked now rather than after training."""
+    folder = os.path.dirname(os.path.abspath(text))
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text} is a folder, not a file name")
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"there is no folder {folder} to write {text} in")
+    return text
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--global-batch-size", type=int, default=8, help="rows per step over all ranks, kept")
-    parser.add_argument("--lr", type=float, default=0.02)
-    parser.add_argument("--checkpoint", default="elastic.pt", help="rank 0 saves here after every step")
+    parser.add_argument("--steps", type=positive_int, default=30)
+    parser.add_argument("--global-batch-size", type=positive_int, default=8,
+                        help="rows per step over all ranks, kept")
+    parser.add_argument("--lr", type=positive_float, default=0.02)
+    parser.add_argument("--checkpoint", type=file_to_write, default="elastic.pt",
+                        help="rank 0 saves here after every step")
     parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep in each step (time to kill a node)")
-    parser.add_argument("--timeout", type=float, default=30, help="seconds a collective waits for the others")
-    parser.add_argument("--out", default=None, help="write the final weights here (rank 0)")
-    return parser.parse_args()
+    parser.add_argument("--timeout", type=positive_float, default=30,
+                        help="seconds a collective waits for the others")
+    parser.add_argument("--out", type=file_to_write, default=None,
+                        help="write the final weights here (rank 0)")
+    args = parser.parse_args()
+    if not 0 <= args.step_seconds < math.inf:  # time.sleep refuses a negative time; nan is neither
+        parser.error(f"argument --step-seconds: {args.step_seconds} is not a finite number >= 0")
+    return args
 
 
 def resume(model: DDP, optimizer, path: Path) -> int:
     """Every rank loads the last step rank 0 saved; the step to start from."""
     if not path.exists():
         return 0
-    saved = torch.load(path, map_location="cpu")
-    model.module.load_state_dict(saved["model"])
-    optimizer.load_state_dict(saved["optimizer"])
-    return saved["step"]
+    try:
+        saved = torch.load(path, map_location="cpu")
+        model.module.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        return saved["step"]
+    except Exception as exc:  # empty, cut short, another script's or model's: a sentence
+        said = (str(exc) or "it ends early").splitlines()[0].split(". ")[0]  # a sentence
+        sys.exit(f"[rank {dist.get_rank()}] cannot resume from {path}, damaged or not this "
+                 f"script's: {type(exc).__name__}: {said}")
 
 
 def save(model: DDP, optimizer, step: int, path: Path) -> None:
     """Rank 0 writes a new file and renames it into place: a node that dies mid-write leaves the old one whole."""
-    tmp = path.with_suffix(".tmp")
-    torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, tmp)
-    tmp.replace(path)
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")  # this process's own: runs never share it
+    state = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
+    try:
+        torch.save(state, tmp)
+        with open(tmp, "rb") as written:
+            os.fsync(written.fileno())  # on the disk before the rename, power cut or not
+        tmp.replace(path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()  # a failed save leaves no temporary file behind
+        raise
+    if os.name == "posix":  # the rename on the disk too (Windows cannot fsync a folder)
+        handle = os.open(path.resolve().parent, os.O_RDONLY)
+        os.fsync(handle)
+        os.close(handle)
+
+
+def stop_if_not_finite(loss: float, where: str, rank: int | None = None) -> None:
+    """Stop with one line when the loss is NaN or inf: every later step would only spread it. Under torchrun the
+    line names the rank, and torchrun then stops the other ranks."""
+    if not math.isfinite(loss):
+        who = "" if rank is None else f"[rank {rank}] "
+        sys.stderr.write(f"{who}loss is {loss} {where}: lower --lr?\n")  # one write: ranks' lines never interleave
+        sys.exit(1)
 
 
 def main() -> None:
@@ -86,7 +146,10 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)  # momentum: state that must resume
     path = Path(args.checkpoint)
     start = resume(model, optimizer, path)
-    if rank == 0:
+    if rank == 0 and start >= args.steps:
+        print(f"nothing left to train: {path} already holds {start} steps and --steps is "
+              f"{args.steps}", flush=True)
+    elif rank == 0:
         print(f"steps {start + 1}-{args.steps} on {world_size} ranks: global batch {args.global_batch_size} = "
               f"{world_size} x {per_rank}", flush=True)
     for step in range(start, args.steps):
@@ -94,6 +157,7 @@ def main() -> None:
         mine = slice(rank * per_rank, (rank + 1) * per_rank)
         optimizer.zero_grad()
         loss = nn.functional.mse_loss(model(x[mine]), y[mine])
+        stop_if_not_finite(loss.item(), f"at step {step + 1}", rank)
         loss.backward()  # the mean over ranks of equal shares: the gradient of the whole batch's mean loss
         optimizer.step()
         if rank == 0:

@@ -10,23 +10,37 @@ import argparse
 import torch
 from torch import nn
 from torch.nn import functional as F
-from train_fsdp import TEXT, CharLM, load_text, step_starts, windows
+from train_fsdp import (
+    TEXT,
+    CharLM,
+    file_to_write,
+    load_text,
+    positive_float,
+    positive_int,
+    step_starts,
+    stop_if_not_finite,
+    windows,
+)
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--batch-size", type=int, default=32, help="windows per step: train_fsdp.py's W x B x K")
-    parser.add_argument("--context", type=int, default=64)
-    parser.add_argument("--dim", type=int, default=64)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--max-grad-norm", type=float, default=1.0)
-    parser.add_argument("--eval-every", type=int, default=50)
+    parser.add_argument("--steps", type=positive_int, default=300)
+    parser.add_argument("--batch-size", type=positive_int, default=32,
+                        help="windows per step: train_fsdp.py's W x B x K")
+    parser.add_argument("--context", type=positive_int, default=64)
+    parser.add_argument("--dim", type=positive_int, default=64, help="a multiple of the 4 heads")
+    parser.add_argument("--layers", type=positive_int, default=2)
+    parser.add_argument("--lr", type=positive_float, default=3e-3)
+    parser.add_argument("--max-grad-norm", type=positive_float, default=1.0)
+    parser.add_argument("--eval-every", type=positive_int, default=50)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--text", default=str(TEXT), help="a UTF-8 text to learn (default: the sonnets in data/)")
-    parser.add_argument("--out", default="model_one_device.pt")
-    return parser.parse_args()
+    parser.add_argument("--out", type=file_to_write, default="model_one_device.pt")
+    args = parser.parse_args()
+    if args.dim % 4:  # CharLM's 4 heads split the width evenly
+        parser.error(f"argument --dim: {args.dim} is not a multiple of the model's 4 heads")
+    return args
 
 
 @torch.no_grad()
@@ -38,13 +52,14 @@ def evaluate(model: nn.Module, ids: torch.Tensor, context: int) -> float:
 
 def main() -> None:
     args = parse_args()
-    train_ids, held_out, alphabet = load_text(args.text)
+    train_ids, held_out, alphabet = load_text(args.text, args.context)
     torch.manual_seed(args.seed)  # the initial weights train_fsdp.py's rank 0 builds
     model = CharLM(len(alphabet), args.context, args.dim, args.layers)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     for step in range(args.steps):
         x, y = windows(train_ids, step_starts(args.seed, step, args.batch_size, train_ids, args.context), args.context)
         loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        stop_if_not_finite(loss.item(), f"at step {step + 1}")
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
         optimizer.step()

@@ -2,6 +2,7 @@
 
 import contextlib
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -51,10 +52,22 @@ def save_checkpoint(path: str, model, optimizer, scaler, next_epoch: int, rank: 
     rng = [None] * dist.get_world_size() if rank == 0 else None
     dist.gather_object(torch.get_rng_state(), rng, dst=0)  # every rank calls it: each rank's random state
     if rank == 0:
-        state = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
-                 "epoch": next_epoch, "rng": rng}
-        torch.save(state, f"{path}.tmp")
-        os.replace(f"{path}.tmp", path)
+        state = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
+                 "scaler": scaler.state_dict(), "epoch": next_epoch, "rng": rng}
+        tmp = f"{path}.tmp{os.getpid()}"  # this process's own: two runs on one path never share it
+        try:
+            torch.save(state, tmp)
+            with open(tmp, "rb") as written:
+                os.fsync(written.fileno())  # on the disk before the rename, power cut or not
+            os.replace(tmp, path)  # one step: whoever reads path finds the old snapshot or the new
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)  # a failed save leaves no temporary file behind
+            raise
+        if os.name == "posix":  # the rename on the disk too (Windows cannot fsync a folder)
+            folder = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+            os.fsync(folder)
+            os.close(folder)
     dist.barrier()  # nobody goes on (or stops) before the snapshot is complete
 
 
@@ -62,10 +75,21 @@ def load_checkpoint(path: str, model, optimizer, scaler, rank: int, device) -> i
     """Every rank loads the snapshot onto its device; returns the epoch to start from (0 without one)."""
     if not os.path.exists(path):
         return 0
-    state = torch.load(path, map_location=device, weights_only=True)
-    model.module.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    scaler.load_state_dict(state["scaler"])
-    if rank < len(state["rng"]):  # at another world size a new rank keeps its own
-        torch.set_rng_state(state["rng"][rank].cpu())
-    return state["epoch"]  # the sampler's order follows from it: set_epoch(epoch) below
+    try:
+        state = torch.load(path, map_location=device, weights_only=True)
+    except Exception:  # one sentence instead of torch's traceback
+        sys.exit(f"[rank {rank}] cannot resume: {path} is empty, cut short or not torch.save's.")
+    try:
+        model.module.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scaler.load_state_dict(state["scaler"])
+        rng, epoch = state["rng"], state["epoch"]
+    except (KeyError, TypeError, IndexError) as exc:  # not the dict save_checkpoint writes
+        sys.exit(f"[rank {rank}] cannot resume: {path} is not a checkpoint of this script "
+                 f"({type(exc).__name__}: {exc}).")
+    except (RuntimeError, ValueError):  # the right entries, for other shapes
+        sys.exit(f"[rank {rank}] cannot resume: {path} is another model's, optimizer's or "
+                 "--precision's.")
+    if rank < len(rng):  # at another world size a new rank keeps its own
+        torch.set_rng_state(rng[rank].cpu())
+    return epoch  # the sampler's order follows from it: set_epoch(epoch) below

@@ -19,10 +19,15 @@ STEP = """        with sync:
             scaler.scale(loss / samples).backward()  # this rank's mean over the group; DDP averages over ranks
 """
 SAVE = """    if rank == 0:
-        state = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
-                 "epoch": next_epoch, "rng": rng}
-        torch.save(state, f"{path}.tmp")
-        os.replace(f"{path}.tmp", path)
+        state = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
+                 "scaler": scaler.state_dict(), "epoch": next_epoch, "rng": rng}
+"""
+WRITE = """        tmp = f"{path}.tmp{os.getpid()}"  # this process's own: two runs on one path never share it
+        try:
+            torch.save(state, tmp)
+            with open(tmp, "rb") as written:
+                os.fsync(written.fileno())  # on the disk before the rename, power cut or not
+            os.replace(tmp, path)  # one step: whoever reads path finds the old snapshot or the new
 """
 GATHER = "    dist.gather_object(torch.get_rng_state(), rng, dst=0)  # every rank calls it: each rank's random state\n"
 CLIP = "    nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)  # after DDP's all-reduce: the global norm\n"
@@ -46,14 +51,13 @@ MISTAKES = {
             "        scaler.scale", "        with sync:\n            scaler.scale"))),
         "all-reduced the gradients 20 times for 10 optimizer steps", "must wrap the forward as well"),
     "every rank writes the checkpoint": (
-        mistake((SAVE, SAVE.replace("if rank == 0:", "if True:").replace('{path}.tmp', '{path}.{rank}.tmp'))),
+        mistake((SAVE, SAVE.replace("if rank == 0:", "if True:"))),  # each rank its own temporary file
         "rank 1 wrote the checkpoint too", "only rank 0"),
     "written straight into place": (
-        mistake(('        torch.save(state, f"{path}.tmp")\n        os.replace(f"{path}.tmp", path)\n',
-                 "        torch.save(state, path)\n")), "rank 0 wrote straight into", "os.replace"),
-    "a resume that starts over": (mistake(('    return state["epoch"]', "    return 0")),
+        mistake((WRITE, "        try:\n            torch.save(state, path)\n")), "rank 0 wrote straight into", "os.replace"),
+    "a resume that starts over": (mistake(('    return epoch  #', "    return 0  #")),
                                   "the resumed run trained epochs [1, 2, 3]", "load_checkpoint must return"),
-    "a resume without the optimizer": (mistake(('    optimizer.load_state_dict(state["optimizer"])\n', "")),
+    "a resume without the optimizer": (mistake(('        optimizer.load_state_dict(state["optimizer"])\n', "")),
                                        "never loaded an optimizer state", "momentum"),
     "evaluation on padded shards": (
         mistake(("    mine = Subset(held_out, range(rank, len(held_out), world_size))",
@@ -80,7 +84,7 @@ def defined(text: str, names=FOUR) -> dict[str, str]:
 def test_the_skeleton_is_the_example_without_the_four_bodies():
     template = capstone.TEMPLATE.read_text()
     others = [n.name for n in ast.parse(EXAMPLE).body if isinstance(n, ast.FunctionDef) and n.name not in FOUR]
-    assert defined(template, others) == defined(EXAMPLE, others) and len(others) == 6
+    assert defined(template, others) == defined(EXAMPLE, others) and len(others) == 10
     assert all("raise NotImplementedError" in ast.get_source_segment(template, n) for n in ast.parse(template).body
                if isinstance(n, ast.FunctionDef) and n.name in FOUR)
 

@@ -77,7 +77,7 @@ def test_the_real_job_script_equals_one_process_and_resumes_where_it_stopped(tmp
     assert "resumed from ck.pt at epoch 2" in resumed.stdout and len(resumed.stdout.splitlines()) == 3
     assert [ln.split("  held-out")[0] for ln in three.stdout.splitlines()] == \
         [ln.split("  held-out")[0] for ln in one.stdout.splitlines()]  # train losses printed alike, once
-    assert float(one.stdout.split("accuracy ")[-1].rstrip("%\n")) > 80 and not list(tmp_path.glob("*.tmp"))
+    assert float(one.stdout.split("accuracy ")[-1].rstrip("%\n")) > 80 and not list(tmp_path.glob("*.tmp*"))
 
 
 @pytest.mark.long

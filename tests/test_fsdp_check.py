@@ -14,8 +14,9 @@ THREE = ("build_model", "save_checkpoint", "load_checkpoint")
 META = '    with torch.device("meta"):  # shapes only: no rank ever holds the full model here\n'
 BLOCKS = "    for block in model.blocks:  # a group per block: whole for its forward and its backward, freed after each\n" \
          "        fully_shard(block, mesh=mesh, mp_policy=policy)\n"
-SAVE = '    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=f"{target}.tmp")  # a collective\n'
-LOAD = "    dcp.load(state, checkpoint_id=str(path))\n"
+STATE = '    state = {"model": model_state, "optimizer": optimizer_state}\n    try:\n'
+SAVE = "        dcp.save(state, checkpoint_id=tmp[0])  # a collective; DCP fsyncs each file it writes\n"
+LOAD = "        dcp.load(state, checkpoint_id=str(path))\n"
 
 
 def mistake(*edits: tuple[str, str]) -> str:
@@ -33,15 +34,15 @@ MISTAKES = {
     "the root sharded first": (
         mistake((BLOCKS + "    fully_shard(model, mesh=mesh, mp_policy=policy)", "    fully_shard(model, mesh=mesh, "
                  "mp_policy=policy)\n" + BLOCKS.rstrip("\n"))), "sharded before its blocks"),
-    "DCP saved on rank 0 only": (mistake((SAVE, "    if rank == 0:\n    " + SAVE)),
+    "DCP saved on rank 0 only": (mistake((SAVE, "        if rank == 0:\n    " + SAVE)),
                                  "rank 1 never called dcp.save while rank 0 did", "outside `if rank == 0:`"),
-    "DCP loaded on rank 0 only": (mistake((LOAD, "    if dist.get_rank() == 0:\n    " + LOAD)),
+    "DCP loaded on rank 0 only": (mistake((LOAD, "        if dist.get_rank() == 0:\n    " + LOAD)),
                                   "rank 1 never called dcp.load while rank 0 did"),
     "saved straight into place": (
-        mistake((SAVE, SAVE.replace('f"{target}.tmp"', "str(target)")), ('        os.replace(f"{target}.tmp", target)\n',
-                                                                          "        pass\n")),
+        mistake((SAVE, SAVE.replace("tmp[0]", "str(target)")),
+                ("        os.replace(tmp[0], target)  # the whole snapshot appears at once\n", "        pass\n")),
         "dcp.save wrote straight into", "os.replace"),
-    "the optimizer left out": (mistake((SAVE, SAVE.replace(', "optimizer": optimizer_state', ""))),
+    "the optimizer left out": (mistake((STATE, STATE.replace(', "optimizer": optimizer_state', ""))),
                                "holds no optimizer state", "exp_avg"),
     "a load that reads nothing": (mistake((LOAD, "")), "rank 0 never called dcp.load"),
 }

@@ -73,7 +73,8 @@ def launch(path: Path, world_size: int, folder: Path, name: str, *args) -> Run |
     except DistributedRunError as exc:
         probes = read_probes(run_dir)
         stopped = Run(None, [], probes)
-        return order_problem(stopped) or dcp_gap(stopped, world_size) or \
+        unloaded = load_problem(stopped) if name == "resumed" else None  # garbage weights can end a run
+        return order_problem(stopped) or dcp_gap(stopped, world_size) or unloaded or \
             failure_sentence(exc, probes, world_size, run_dir)
     weights = torch.load(out, weights_only=True) if out.exists() else None
     return Run(weights, [], read_probes(run_dir), str(out))
@@ -142,11 +143,18 @@ def optimizer_problem(target: Path) -> str | None:
     return None
 
 
-def resume_problem(run: Run, ref: dict, world_size: int) -> str | None:
-    """A rank that loaded nothing, no final weights, or final weights that differ from one device's."""
+def load_problem(run: Run) -> str | None:
+    """A resume whose rank 0 read no checkpoint: its weights are whatever to_empty left."""
     if not run.count(0, "dcp.load"):
         return tr("on resume rank 0 never called dcp.load: every rank reads the pieces of its own shards, whatever "
                   "the world size that wrote them.")
+    return None
+
+
+def resume_problem(run: Run, ref: dict, world_size: int) -> str | None:
+    """A rank that loaded nothing, no final weights, or final weights that differ from one device's."""
+    if load_problem(run):
+        return load_problem(run)
     if dcp_gap(run, world_size):
         return dcp_gap(run, world_size)
     if run.weights is None:

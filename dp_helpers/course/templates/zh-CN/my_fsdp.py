@@ -71,12 +71,18 @@ class CharLM(nn.Module):
         return self.head(self.norm(x))
 
 
-def load_text(path=TEXT, held_out: float = 0.1) -> tuple[torch.Tensor, torch.Tensor, str]:
+def load_text(path, context: int, held_out: float = 0.1) -> tuple[torch.Tensor, torch.Tensor, str]:
     """The text as character ids, split into a training part and a held-out tail; and its alphabet."""
-    text = Path(path).read_text(encoding="utf-8")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeError) as exc:  # said in one line, before any process group starts
+        sys.exit(f"cannot read --text {path} as UTF-8 text: {exc}")
     alphabet = "".join(sorted(set(text)))
     ids = torch.tensor([alphabet.index(c) for c in text])
     cut = int(len(ids) * (1 - held_out))
+    if min(cut, len(ids) - cut) <= context:  # each part needs one window of context + 1 characters
+        sys.exit(f"--text {path} has {len(ids)} characters: too few, its first "
+                 f"{1 - held_out:.0%} and the rest must each hold more than --context {context}")
     return ids[:cut], ids[cut:], alphabet
 
 
@@ -114,29 +120,66 @@ def initialise(model: nn.Module, args, vocab: int, rank: int) -> None:
     set_model_state_dict(model, full, options=options)  # every rank calls it; the others pass nothing
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1 (argparse refuses anything else in one line)."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return int(text)
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number > 0 (float() alone takes 'nan' and 'inf' too)."""
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number > 0")
+    return value
+
+
+def file_to_write(text: str) -> str:
+    """An argparse type: a file in a folder that exists, checked now rather than after training."""
+    folder = os.path.dirname(os.path.abspath(text))
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text} is a folder, not a file name")
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"there is no folder {folder} to write {text} in")
+    return text
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=300, help="optimizer steps in all")
-    parser.add_argument("--batch-size", type=int, default=16, help="windows per micro-batch, per process")
-    parser.add_argument("--grad-accum-steps", type=int, default=1, help="micro-batches per optimizer step")
-    parser.add_argument("--context", type=int, default=64, help="characters per window")
-    parser.add_argument("--dim", type=int, default=64)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--max-grad-norm", type=float, default=1.0, help="clip the global gradient norm to this")
+    parser.add_argument("--steps", type=positive_int, default=300, help="optimizer steps in all")
+    parser.add_argument("--batch-size", type=positive_int, default=16,
+                        help="windows per micro-batch, per process")
+    parser.add_argument("--grad-accum-steps", type=positive_int, default=1,
+                        help="micro-batches per optimizer step")
+    parser.add_argument("--context", type=positive_int, default=64, help="characters per window")
+    parser.add_argument("--dim", type=positive_int, default=64, help="a multiple of the 4 heads")
+    parser.add_argument("--layers", type=positive_int, default=2)
+    parser.add_argument("--lr", type=positive_float, default=3e-3)
+    parser.add_argument("--max-grad-norm", type=positive_float, default=1.0,
+                        help="clip the global gradient norm to this")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
                         help="bf16: FSDP2 computes and all-gathers in bf16, reduces gradients and steps in fp32")
-    parser.add_argument("--replicas", type=int, default=1, help="HSDP: shard within W / R ranks, replicate R times")
+    parser.add_argument("--replicas", type=positive_int, default=1,
+                        help="HSDP: shard within W / R ranks, replicate R times")
     parser.add_argument("--checkpoint", default=None, help="a folder: save with DCP every --save-every steps, resume")
-    parser.add_argument("--save-every", type=int, default=50)
-    parser.add_argument("--eval-every", type=int, default=50)
-    parser.add_argument("--stop-after", type=int, default=None, help="stop after this many steps of this run")
+    parser.add_argument("--save-every", type=positive_int, default=50)
+    parser.add_argument("--eval-every", type=positive_int, default=50)
+    parser.add_argument("--stop-after", type=positive_int, default=None,
+                        help="stop after this many steps of this run")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--text", default=str(TEXT), help="a UTF-8 text to learn (default: the sonnets in data/)")
-    parser.add_argument("--out", default="model.pt", help="the full weights, written by rank 0 at the end")
+    parser.add_argument("--out", type=file_to_write, default="model.pt",
+                        help="the full weights, written by rank 0 at the end")
     parser.add_argument("--sample", type=int, default=200, help="characters rank 0 generates at the end")
-    parser.add_argument("--timeout", type=float, default=60, help="seconds to wait for the others")
-    return parser.parse_args()
+    parser.add_argument("--timeout", type=positive_float, default=60,
+                        help="seconds to wait for the others")
+    args = parser.parse_args()
+    if args.dim % 4:  # CharLM's 4 heads split the width evenly
+        parser.error(f"argument --dim: {args.dim} is not a multiple of the model's 4 heads")
+    if args.checkpoint and os.path.isfile(args.checkpoint):
+        parser.error(f"argument --checkpoint: {args.checkpoint} is a file, not a folder")
+    return args
 
 
 def train_step(model, optimizer, args, ids, step: int, rank: int, world_size: int, device) -> float:
@@ -155,6 +198,15 @@ def train_step(model, optimizer, args, ids, step: int, rank: int, world_size: in
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return total
+
+
+def stop_if_not_finite(loss: float, where: str, rank: int | None = None) -> None:
+    """Stop with one line when the loss is NaN or inf: every later step would only spread it. Under torchrun the
+    line names the rank, and torchrun then stops the other ranks."""
+    if not math.isfinite(loss):
+        who = "" if rank is None else f"[rank {rank}] "
+        sys.stderr.write(f"{who}loss is {loss} {where}: lower --lr?\n")  # one write: ranks' lines never interleave
+        sys.exit(1)
 
 
 @torch.no_grad()
@@ -201,7 +253,8 @@ def generate(weights: dict, args, alphabet: str, length: int) -> str:
     """Characters sampled from a one-device copy of the trained model (rank 0 only: no collectives)."""
     model = CharLM(len(alphabet), args.context, args.dim, args.layers)
     model.load_state_dict(weights)
-    idx, g = torch.tensor([[alphabet.index("\n")]]), torch.Generator().manual_seed(args.seed)
+    start = max(alphabet.find("\n"), 0)  # a new line, or the first character of a text without one
+    idx, g = torch.tensor([[start]]), torch.Generator().manual_seed(args.seed)
     with torch.no_grad():
         for _ in range(length):
             probs = F.softmax(model(idx[:, -args.context:])[0, -1], dim=0)
@@ -216,7 +269,10 @@ def resume_or_initialise(model, optimizer, args, vocab: int, rank: int) -> int:
         initialise(model, args, vocab, rank)
     else:
         load_checkpoint(path, model, optimizer)
-        if rank == 0:
+        if rank == 0 and start >= args.steps:
+            print(f"nothing left to train: {path} already holds {start} steps and --steps is "
+                  f"{args.steps}", flush=True)
+        elif rank == 0:
             print(f"resumed from {path} at step {start + 1} on {dist.get_world_size()} ranks", flush=True)
     return start
 
@@ -250,11 +306,11 @@ def setup(args) -> tuple[torch.device, object]:
 
 def main() -> None:
     args = parse_args()
+    train_ids, held_out, alphabet = load_text(args.text, args.context)  # its problems said first
     if "LOCAL_RANK" not in os.environ:
         sys.exit("start me with torchrun: torchrun --standalone --nproc-per-node 2 train_fsdp.py")
     device, mesh = setup(args)
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    train_ids, held_out, alphabet = load_text(args.text)
     model = build_model(args, len(alphabet), device, mesh)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)  # after fully_shard: it steps the shards
     start = resume_or_initialise(model, optimizer, args, len(alphabet), rank)
@@ -262,6 +318,7 @@ def main() -> None:
     last = args.steps if args.stop_after is None else min(args.steps, start + args.stop_after)
     for step in range(start, last):
         loss = train_step(model, optimizer, args, train_ids, step, rank, world_size, device)
+        stop_if_not_finite(loss, f"at step {step + 1}", rank)
         done = step + 1
         if done % args.eval_every == 0 or done == last:
             mean = torch.tensor(loss, device=device)

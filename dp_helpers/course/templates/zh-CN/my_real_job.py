@@ -7,6 +7,7 @@ check_real_job("my_real_job.py") 用 torchrun 在 2 个 gloo rank 上运行它�
 import argparse
 import contextlib  # noqa: F401 （你的 train_step 要用它来选择是否 no_sync）
 import gc
+import math
 import os
 import sys
 from datetime import timedelta
@@ -41,20 +42,51 @@ def pick_device(local_rank: int, local_world_size: int) -> tuple[torch.device, s
     return torch.device("cpu"), "gloo"
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1 (argparse refuses anything else in one line)."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return int(text)
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number > 0 (float() alone takes 'nan' and 'inf' too)."""
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number > 0")
+    return value
+
+
+def file_to_write(text: str) -> str:
+    """An argparse type: a file in a folder that exists, checked now rather than after training."""
+    folder = os.path.dirname(os.path.abspath(text))
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text} is a folder, not a file name")
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"there is no folder {folder} to write {text} in")
+    return text
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=6)
-    parser.add_argument("--batch-size", type=int, default=16, help="samples per micro-batch, per process")
-    parser.add_argument("--grad-accum-steps", type=int, default=2, help="micro-batches per optimizer step")
-    parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--max-grad-norm", type=float, default=1.0, help="clip the global gradient norm to this")
+    parser.add_argument("--epochs", type=positive_int, default=6)
+    parser.add_argument("--batch-size", type=positive_int, default=16,
+                        help="samples per micro-batch, per process")
+    parser.add_argument("--grad-accum-steps", type=positive_int, default=2,
+                        help="micro-batches per optimizer step")
+    parser.add_argument("--lr", type=positive_float, default=0.05)
+    parser.add_argument("--max-grad-norm", type=positive_float, default=1.0,
+                        help="clip the global gradient norm to this")
     parser.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
                         help="bf16: autocast; fp16: autocast with a GradScaler (GPUs, in this script)")
-    parser.add_argument("--checkpoint", default=None, help="save after every epoch; resume from it if it exists")
-    parser.add_argument("--stop-after", type=int, default=None, help="stop after this many epochs of this run")
+    parser.add_argument("--checkpoint", type=file_to_write, default=None,
+                        help="save after every epoch; resume from it if it exists")
+    parser.add_argument("--stop-after", type=positive_int, default=None,
+                        help="stop after this many epochs of this run")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="model.pt")
-    parser.add_argument("--timeout", type=float, default=60, help="seconds to wait for the others")
+    parser.add_argument("--out", type=file_to_write, default="model.pt")
+    parser.add_argument("--timeout", type=positive_float, default=60,
+                        help="seconds to wait for the others")
     return parser.parse_args()
 
 
@@ -79,6 +111,15 @@ def train_step(model, group, optimizer, scaler, amp_dtype, max_grad_norm: float,
     #     scaler.scale(loss / samples) 做反向，samples 是这一组的样本数
     # 然后 unscale 梯度，把它裁剪到 max_grad_norm，通过 scaler 执行优化器步骤、更新 scaler，再把梯度清零。
     raise NotImplementedError
+
+
+def stop_if_not_finite(loss: float, where: str, rank: int | None = None) -> None:
+    """Stop with one line when the loss is NaN or inf: every later step would only spread it. Under torchrun the
+    line names the rank, and torchrun then stops the other ranks."""
+    if not math.isfinite(loss):
+        who = "" if rank is None else f"[rank {rank}] "
+        sys.stderr.write(f"{who}loss is {loss} {where}: lower --lr?\n")  # one write: ranks' lines never interleave
+        sys.exit(1)
 
 
 @torch.no_grad()
@@ -122,15 +163,19 @@ def main() -> None:
     amp_dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[args.precision]
     scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "fp16")  # 只有 fp16 时才起作用
     start = load_checkpoint(args.checkpoint, model, optimizer, scaler, rank, device) if args.checkpoint else 0
-    if rank == 0 and start:
+    if rank == 0 and start >= args.epochs:
+        print(f"nothing left to train: {args.checkpoint} already holds {start} epochs and --epochs "
+              f"is {args.epochs}", flush=True)
+    elif rank == 0 and start:
         print(f"resumed from {args.checkpoint} at epoch {start + 1}", flush=True)
 
     last = args.epochs if args.stop_after is None else min(args.epochs, start + args.stop_after)
     for epoch in range(start, last):
         sampler.set_epoch(epoch)  # 每个 epoch 换一种顺序，每个 rank 都相同，恢复之后也一样
         total = torch.zeros(2, device=device)  # 本 rank 的损失之和与样本数
-        for group in micro_batch_groups(loader, args.grad_accum_steps):
+        for step, group in enumerate(micro_batch_groups(loader, args.grad_accum_steps)):
             loss_sum = train_step(model, group, optimizer, scaler, amp_dtype, args.max_grad_norm, device)
+            stop_if_not_finite(loss_sum, f"at step {step + 1} of epoch {epoch + 1}", rank)
             total += torch.tensor([loss_sum, sum(len(x) for x, _ in group)], device=device)
         dist.all_reduce(total)
         held_loss, accuracy = evaluate(model.module, held_out, rank, world_size, device)
