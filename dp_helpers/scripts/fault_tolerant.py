@@ -39,8 +39,7 @@ def model_and_optimizer(batchnorm: bool = False) -> tuple[nn.Module, torch.optim
 
 
 def arguments() -> argparse.Namespace:
-    """--steps N, --kill REPLICA:STEP (SIGKILL in its first life), --step-seconds, --join-timeout, --rejoin-after,
-    --batchnorm, --out."""
+    """Its flags: --steps, --kill, --step-seconds, --join-timeout, --rejoin-after, --batchnorm, --out."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--kill", default="", help="REPLICA:STEP, e.g. 1:10")

@@ -12,6 +12,8 @@ import sys
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
+from dp_helpers.tool.i18n import tr, tr_later
+
 BACKENDS = ("auto", "gloo", "nccl")
 
 
@@ -103,17 +105,24 @@ def nccl_available() -> bool:
     return dist.is_available() and dist.is_nccl_available()
 
 
-def choose_launch(n_gpus: int, has_nccl: bool) -> tuple[str, int, str]:
-    """The backend and world size `train` uses by default, and why (in the language set: a notebook's)."""
-    from dp_helpers.tool.i18n import tr
+# why `train` launches what it launches, as English templates that a notebook shows in its own language
+REASONS = {"nccl": tr_later("{n} GPUs and NCCL: one process per GPU on nccl"),
+           "one gpu": tr_later("1 GPU: real DDP needs >= 2 GPUs, so 2 CPU processes on gloo"),
+           "no nccl": tr_later("GPUs found but this torch has no NCCL, so 2 CPU processes on gloo"),
+           "no gpu": tr_later("no GPU: 2 CPU processes on gloo")}
 
+
+def launch_reason(n_gpus: int, has_nccl: bool) -> str:
+    """Which of REASONS explains the launch `train` picks by default."""
     if n_gpus >= 2 and has_nccl:
-        return "nccl", n_gpus, tr("{n} GPUs and NCCL: one process per GPU on nccl", n=n_gpus)
-    if n_gpus == 1:
-        return "gloo", 2, tr("1 GPU: real DDP needs >= 2 GPUs, so 2 CPU processes on gloo")
-    if n_gpus >= 2:
-        return "gloo", 2, tr("GPUs found but this torch has no NCCL, so 2 CPU processes on gloo")
-    return "gloo", 2, tr("no GPU: 2 CPU processes on gloo")
+        return "nccl"
+    return "one gpu" if n_gpus == 1 else "no nccl" if n_gpus >= 2 else "no gpu"
+
+
+def choose_launch(n_gpus: int, has_nccl: bool) -> tuple[str, int, str]:
+    """The backend and world size `train` uses by default, and why."""
+    reason = REASONS[launch_reason(n_gpus, has_nccl)].format(n=n_gpus)
+    return ("nccl", n_gpus, reason) if n_gpus >= 2 and has_nccl else ("gloo", 2, reason)
 
 
 def gpu_device(index: int):
@@ -168,22 +177,19 @@ def report() -> EnvReport:
 
 def format_report(rep: EnvReport) -> str:
     """The report as aligned text lines, in the language set (a notebook's)."""
-    from dp_helpers.tool.i18n import tr
-
     gpus = ", ".join(rep.gpu_names) if rep.gpu_names else tr("none")
     rows = [("python", rep.python), ("torch", rep.torch), (tr("cpu cores"), rep.cpu_cores),
             (tr("gpus"), f"{rep.gpu_count} ({gpus})"), (tr("platform"), rep.platform),
             (tr("cuda initialised here"), yes_no(rep.cuda_initialized)),
             (tr("nccl available"), yes_no(rep.nccl_available)),
-            (tr("train would use"), f"backend={rep.backend} world_size={rep.world_size}"), (tr("why"), rep.reason)]
+            (tr("train would use"), f"backend={rep.backend} world_size={rep.world_size}"),
+            (tr("why"), tr(REASONS[launch_reason(rep.gpu_count, rep.nccl_available)], n=rep.gpu_count))]
     width = max(columns(name) for name, _ in rows) + 2
     return "\n".join(f"{name}{' ' * (width - columns(name))}{value}" for name, value in rows)
 
 
 def yes_no(value: bool) -> str:
     """True or False, as the language set says it."""
-    from dp_helpers.tool.i18n import tr
-
     return tr("True") if value else tr("False")
 
 

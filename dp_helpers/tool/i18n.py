@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dp_helpers.tool.request import UsageError
+from dp_helpers.tool.errors import UsageError
 
 LANGUAGES = ("en", "zh-CN")
 _current = {"language": "en"}  # set by the notebook, never at import

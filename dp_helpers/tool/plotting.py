@@ -247,8 +247,8 @@ def plot_backward_timeline(events: list[dict], ax=None):
 
 
 def plot_buckets(rows: dict[str, list[int]], ax=None):
-    """DDP's buckets, one row per setting, in the order their all-reduces start: each starts once its last gradient is
-    ready, at the bar's right end (x: the gradients the backward has produced by then); returns the Axes."""
+    """DDP's buckets, one row per setting, each bar ending where its all-reduce starts; returns the Axes."""
+    # x: the gradients the backward has produced, last layer first; a bucket starts once its last gradient is ready
     ax = _get_ax(ax)
     for row, sizes in enumerate(rows.values()):
         start = 0.0

@@ -28,16 +28,13 @@ from pathlib import Path
 from typing import NamedTuple
 
 from dp_helpers.tool import env as machine_facts
+from dp_helpers.tool.errors import UsageError  # noqa: F401 (its home for every module that refuses bad input)
 from dp_helpers.tool.sampler import shard_plan
 
 DIGITS_TRAIN, DIGITS_HELD_OUT = 1500, 297  # scikit-learn's 1,797 digits, split once: 1,500 divide evenly over 1-6 ranks
 
 
 # The errors, and the checks every step uses
-
-
-class UsageError(ValueError):
-    """Bad input, refused in one sentence before anything starts; the CLI prints it without a traceback."""
 
 
 class MissingFileError(UsageError, FileNotFoundError):

@@ -183,6 +183,7 @@ def _matches(answer, slip) -> bool:
 def _entry(key: str, value):
     """A slip in one entry of a table answer: the entry `key` holds `value`, whatever the others hold."""
     def found(answer) -> bool:
+        """Whether the answer is a table whose entry `key` holds the slip's value."""
         entries = {str(k).strip().lower(): v for k, v in answer.items()} if isinstance(answer, dict) else {}
         return key in entries and difference(entries[key], value) is None
     return found

@@ -112,10 +112,9 @@ def unflatten(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
 
 
 def replay(model: nn.Module, optimizer: torch.optim.Optimizer, loss_of, schedule) -> None:
-    """The one-process reference: for each (step, members) that committed, the members' mean gradient, one step.
-
-    Each member's forward starts from the step's buffers, and the step keeps the members' mean of the floating-point
-    ones, as the replicas do (integer ones, a count of forwards, advance once)."""
+    """The one-process reference: for each (step, members) that committed, the members' mean gradient, one step."""
+    # each member's forward starts from the step's buffers, and the step keeps the members' mean of the floating-point
+    # ones, as the replicas do (integer ones, a count of forwards, advance once)
     buffers = list(model.buffers())
     for step, members in schedule:
         optimizer.zero_grad()
