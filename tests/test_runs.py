@@ -49,6 +49,53 @@ def test_a_failed_run_names_only_a_checkpoint_it_wrote_or_resumed_from(tmp_path)
         is None
 
 
+def logged(run_dir: Path, rank: int, rows: list[tuple], tail: str = "") -> None:
+    """metrics/rank{rank}.jsonl with one record per (epoch, step, loss, samples[, superseded]), then `tail`."""
+    lines = [json.dumps({"rank": rank, "world_size": 2, "epoch": e, "step": s, "loss": loss, "samples": n, "time": 0,
+                         **({"superseded": more[0]} if more else {})}) + "\n" for e, s, loss, n, *more in rows]
+    (run_dir / "metrics").mkdir(parents=True, exist_ok=True)
+    (run_dir / "metrics" / f"rank{rank}.jsonl").write_text("".join(lines) + tail)
+
+
+def test_a_stopped_run_records_world_size_backend_each_finished_epochs_loss_and_no_comparison(tmp_path):
+    cfg = TrainConfig(samples=40)  # 2 ranks x batch 10: 2 steps per epoch
+    for rank in (0, 1):  # epochs 1 and 2 whole; epoch 3 begun; a restart's redone step; a line cut by the kill
+        logged(tmp_path, rank, [(0, 0, 1.0 + rank, 10), (0, 1, 0.5, 10), (1, 2, 9.0, 10, 1), (1, 2, 0.25, 10),
+                                (1, 3, 0.75, 6 + rank), (2, 4, 0.1, 10)], tail='{"rank": 0, "ep')
+    record_ending(tmp_path, cfg, "terminated (SIGTERM)", "stopped", None, 2, "gloo")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["status"], summary["world_size"], summary["backend"]) == ("stopped", 2, "gloo")
+    second = (0.25 * 10 + 0.75 * 6 + 0.25 * 10 + 0.75 * 7) / 33  # sample-weighted over both ranks
+    assert summary["epoch_losses"] == [(1.0 * 10 + 0.5 * 10 + 2.0 * 10 + 0.5 * 10) / 40, second]
+    assert summary["equivalent_to_large_batch"] is None
+    assert summary["equivalence"] == ("not compared: the run stopped after 2 of 10 epochs and left no final weights; "
+                                      "its configuration: identical to one process with batch 20: 40 samples split "
+                                      "into 2 whole global batches.")
+
+
+def test_a_stopped_resumed_run_counts_the_epochs_it_resumed_after(tmp_path):
+    cfg = TrainConfig(resume="ck.pt", batch_size=5)
+    logged(tmp_path, 0, [(3, 30, 0.5, 5)] * 10)
+    logged(tmp_path, 1, [(3, 30, 0.5, 5)] * 10)
+    start = {"epoch_losses": [0.9, 0.8, 0.7], "resumed_from": [
+        {"world_size": 2, "batch_size": 10, "grad_accum_steps": 1, "global_batch_size": 20, "epoch": 3}]}
+    record_ending(tmp_path, cfg, "interrupted (Ctrl-C)", "stopped", None, 2, "gloo", start)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["epoch_losses"] == [0.9, 0.8, 0.7, 0.5]
+    assert summary["equivalence"].endswith("not identical to one process with batch 10: its first 3 epoch(s) trained "
+                                           "with global batch 20.")
+
+
+def test_the_history_a_resumed_run_starts_from_has_its_change_of_layout():
+    from dp_helpers.tool.launch.runners import start_history
+
+    resumed = {"history": {"epoch_losses": [0.9]}, "epoch": 1, "world_size": 2, "batch_size": 10, "grad_accum_steps": 1}
+    assert start_history(resumed, TrainConfig(batch_size=20), 1) == {"epoch_losses": [0.9], "resumed_from": [
+        {"world_size": 2, "batch_size": 10, "grad_accum_steps": 1, "global_batch_size": 20, "epoch": 1}]}
+    assert start_history(resumed, TrainConfig(), 2) == {"epoch_losses": [0.9]} == resumed["history"]
+    assert start_history(None, TrainConfig(), 2) == {}
+
+
 def test_a_checkpoint_in_use_by_a_live_run_is_refused_before_anything_starts(tmp_path, capsys):
     from dp_helpers.tool.cli import main
 

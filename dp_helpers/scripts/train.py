@@ -15,6 +15,7 @@ import os
 import signal
 import time
 import warnings
+from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -41,16 +42,17 @@ from dp_helpers.scratch.sharding.zero3 import Zero3Module
 from dp_helpers.tool import dist as dph
 from dp_helpers.tool.config import POWERSGD_START, TrainConfig, config_from_args, worker_parser
 from dp_helpers.tool.data import make_loader
-from dp_helpers.tool.files import write_atomic, write_text_atomic
+from dp_helpers.tool.files import append_text, remove_partials, write_atomic, write_text_atomic
 from dp_helpers.tool.metrics import MetricsWriter, metrics_dir
 from dp_helpers.tool.models import build_model
 from dp_helpers.tool.request import as_flags, changed_settings, fault, train_samples, validate
-from dp_helpers.tool.runs import checkpoint_lock, file_stamp, record_ending
+from dp_helpers.tool.runs import checkpoint_lock, equivalence, file_stamp, record_ending
 from dp_helpers.tool.sampler import shard_plan
 from dp_helpers.tool.tasks import held_out_scores, held_out_set, loss_function, train_set
 from dp_helpers.tool.training import accumulate_step, layout_change, make_optimizer, seed_everything
 
 LOCAL = ("local-sgd", "diloco")  # --comm values under which the model is not DDP-wrapped: ranks step alone
+ABANDON_S = 30.0  # how long a failing rank 0 lets its snapshot thread finish the file it is writing
 
 
 def counting_hook(state: dict, bucket):
@@ -227,6 +229,18 @@ class Snapshots:
             dist.barrier()  # nobody goes on before the file is complete: a failure now resumes from this snapshot
         self.saves, self.stalled = self.saves + 1, self.stalled + time.perf_counter() - start
 
+    @contextlib.contextmanager
+    def writing(self, info: dph.DistInfo):
+        """Around training: partial files of killed writers go; an error lets the write in flight end first."""
+        if self.path and info.is_main:  # torchrun stopped an earlier attempt's rank 0 mid-save (SIGTERM): half a file
+            remove_partials(self.path)
+        try:
+            yield
+        except BaseException:
+            if self.pending is not None:  # the process exits next (dist.worker): a thread cut short leaves a .tmp
+                futures.wait([self.pending], timeout=ABANDON_S)
+            raise
+
     def wait(self) -> None:
         """Wait for the write in flight, if any (raising its error)."""
         if self.pending is not None:
@@ -303,8 +317,7 @@ def note_restart(info: dph.DistInfo, epoch: int, step: int, source: str, cfg: Tr
     if not (attempt() and info.is_main):
         return
     record = {"attempt": attempt(), "resumed_at_epoch": epoch + 1, "resumed_at_step": step}
-    with open(info.run_dir / "restarts.jsonl", "a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
+    append_text(info.run_dir / "restarts.jsonl", json.dumps(record) + "\n")
     if source and source == cfg.checkpoint:
         where = f"resuming at epoch {epoch + 1} (step {step}) from the last snapshot"
     else:  # it died before this launch's first snapshot
@@ -390,7 +403,8 @@ def train(cfg: TrainConfig, info: dph.DistInfo) -> dict:
     note_restart(info, first, step, source, cfg)
     last = min(cfg.epochs, cfg.stop_after) if cfg.stop_after else cfg.epochs
     snapshots = Snapshots(cfg.checkpoint, cfg.async_checkpoint)
-    with MetricsWriter(info.run_dir, info.rank, info.world_size, (attempt(), step) if attempt() else None) as writer:
+    restart = (attempt(), step) if attempt() else None
+    with MetricsWriter(info.run_dir, info.rank, info.world_size, restart) as writer, snapshots.writing(info):
         for epoch in range(first, last):
             sampler.set_epoch(epoch)  # without it every epoch repeats the same order
             step, loss_sum, count = run_epoch(epoch, step, model, loader, optimizer, writer, cfg, info, comm)
@@ -414,34 +428,6 @@ def restarts(run_dir: Path) -> list[dict]:
     """Where each restart of this run resumed (restarts.jsonl, written by rank 0), oldest first."""
     path = run_dir / "restarts.jsonl"
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()] if path.is_file() else []
-
-
-def equivalence(cfg: TrainConfig, plan, history: dict, compressed: int | None = None) -> dict:
-    """Whether this run matches one process with the global batch, and why: the sampler's arithmetic, then BatchNorm."""
-    g = plan.global_batch
-    as_ddp = (cfg.comm == "local-sgd" and cfg.period == 1) or (cfg.comm == "powersgd" and compressed == 0)
-    if cfg.model == "bn" and cfg.bn_sync == "none" and plan.world_size > 1:
-        why = "each rank's BatchNorm normalises with its own shard's statistics (--bn-sync allreduce makes them global)"
-    elif why := COMM_DIFFERS.get("allreduce" if as_ddp else cfg.comm):
-        why = why.format(period=cfg.period)
-    elif earlier := [c for c in history.get("resumed_from", []) if c["global_batch_size"] != g]:
-        why = f"its first {earlier[-1]['epoch']} epoch(s) trained with global batch {earlier[-1]['global_batch_size']}"
-    else:
-        earlier = [shard_plan(train_samples(cfg), c["world_size"], c["batch_size"], c["grad_accum_steps"])
-                   for c in history.get("resumed_from", [])]
-        padded = next((e for e in earlier if not e.equivalent_to_large_batch), plan)
-        note = f" {POWERSGD_NOTHING.format(rank=cfg.powersgd_rank)}" if cfg.comm == "powersgd" else ""
-        return {"equivalent_to_large_batch": padded.equivalent_to_large_batch, "equivalence": padded.explain() + note}
-    return {"equivalent_to_large_batch": False, "equivalence": f"not identical to one process with batch {g}: {why}."}
-
-
-POWERSGD_NOTHING = ("PowerSGD compressed no gradient: every step fell in its uncompressed warm-up, or rank {rank} "
-                    "shrinks no gradient matrix of this model 2x, so every gradient was all-reduced whole, as by DDP.")
-# why a --comm breaks the invariant (local-sgd with --period 1 keeps it: averaging SGD's steps is averaging gradients)
-COMM_DIFFERS = {"fp16": "the gradients are rounded to fp16 for the all-reduce (close, not equal)",
-                "powersgd": "PowerSGD sends a low-rank approximation of the gradients",
-                "local-sgd": "the ranks step alone and average their parameters every {period} steps",
-                "diloco": "the ranks step alone for {period} steps, then DiLoCo's outer step moves the weights"}
 
 
 def make_summary(cfg: TrainConfig, info: dph.DistInfo, step: int, history: dict, comm: dict, seconds: float) -> dict:
@@ -477,7 +463,8 @@ def ending_recorded_alone(cfg: TrainConfig, info: dph.DistInfo):
         if info.world_size == 1 and "RANK" not in os.environ and "DP_RUN_DIR" not in os.environ:
             interrupted = isinstance(exc, KeyboardInterrupt)
             reason = "interrupted (Ctrl-C)" if interrupted else f"{type(exc).__name__}: {exc}".splitlines()[0]
-            record_ending(info.run_dir, cfg, reason, "stopped" if interrupted else "failed", before)
+            record_ending(info.run_dir, cfg, reason, "stopped" if interrupted else "failed", before,
+                          info.world_size, getattr(info, "backend", None))
         raise
 
 

@@ -233,7 +233,8 @@ def overhead(tmp: Path, repeats: int = 1) -> dict:
                           "--out", str(tmp / f"overhead{i}")]))
         bare.append(wall([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                           "-m", "dp_helpers.scripts.article_torchrun"],
-                         {**os.environ, "DP_RUN_DIR": str(tmp / f"bare{i}")}))  # its folder in tmp, not in runs/
+                         {**os.environ, "DP_RUN_DIR": str(tmp / f"bare{i}"),  # its folder in tmp, not in runs/
+                          "TMPDIR": str(tmp)}))  # and the torchelastic_* folder a bare torchrun leaves in TMPDIR
     ours_s, bare_s = statistics.median(ours), statistics.median(bare)
     return {"dp_helpers_train_s": ours_s, "bare_torchrun_s": bare_s, "ratio": ours_s / bare_s, "repeats": repeats}
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
+import os
 import signal
 import sys
 from dataclasses import replace
@@ -129,9 +131,10 @@ def report(result, lines: list[str]) -> None:
 
 def log_lines(run_dir, lines: list[str]) -> None:
     """Append what the CLI says at the end to the run's console.log (when the run got a folder)."""
+    from dp_helpers.tool.files import append_text
+
     if run_dir is not None and Path(run_dir, "console.log").is_file():
-        with open(Path(run_dir) / "console.log", "a", encoding="utf-8") as log:
-            log.write("".join(f"{line}\n" for line in lines))
+        append_text(Path(run_dir) / "console.log", "".join(f"{line}\n" for line in lines))
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -195,7 +198,9 @@ def snapshot_line(summary: dict, cfg) -> list[str]:
 
 
 def interrupted(exc: KeyboardInterrupt) -> str:
-    """How the CLI's run was stopped: Ctrl-C, or SIGTERM (turned into Terminated)."""
+    """How the CLI's run was stopped: Ctrl-C, SIGTERM or SIGHUP (turned into Terminated, HungUp)."""
+    if isinstance(exc, HungUp):
+        return "hung up (SIGHUP: its terminal was closed)"
     return "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted (Ctrl-C)"
 
 
@@ -203,15 +208,29 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, turned into an exception so the launcher stops its processes before the CLI exits."""
 
 
+class HungUp(KeyboardInterrupt):
+    """SIGHUP (the terminal was closed), turned into an exception as SIGTERM is."""
+
+
 def on_sigterm(signum, frame) -> None:
-    """The SIGTERM handler."""
-    raise Terminated()
+    """The SIGTERM and SIGHUP handler."""
+    raise HungUp() if signum == getattr(signal, "SIGHUP", None) else Terminated()
+
+
+def stop_signals() -> list[int]:
+    """SIGTERM, and SIGHUP unless it is ignored (nohup: the run is meant to outlive its terminal)."""
+    hangup = getattr(signal, "SIGHUP", None)  # not on Windows
+    return [signal.SIGTERM] + ([hangup] if hangup and signal.getsignal(hangup) == signal.SIG_DFL else [])
 
 
 def say(exc: BaseException, line: str) -> None:
     """Print the CLI's last line, and keep it in the run's console.log when the launcher put a run folder on exc."""
-    print(line, file=sys.stderr)
-    log_lines(getattr(exc, "run_dir", None), [line])
+    with contextlib.suppress(OSError):  # a full disk: the line is still printed
+        log_lines(getattr(exc, "run_dir", None), [line])
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:  # the terminal is gone (SIGHUP): the line is in console.log; exit quietly
+        sys.stderr = sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (Python flushes these at exit)
 
 
 def disk_full_sentence(exc: OSError) -> str:
@@ -225,15 +244,21 @@ def disk_full_sentence(exc: OSError) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Entry point: bad input and failed runs end in one clear line and a non-zero exit; a bug keeps its traceback."""
     from dp_helpers.tool.launch import DistributedRunError
+    from dp_helpers.tool.launch.process import HELD_SIGNALS, signals_held
 
     args = build_parser().parse_args(argv)
-    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    previous = {sig: signal.signal(sig, on_sigterm) for sig in stop_signals()}
     try:
         return {"train": cmd_train, "doctor": cmd_doctor, "bench": cmd_bench}[args.command](args)
     except (UsageError, DistributedRunError, KeyboardInterrupt, OSError) as exc:
-        return last_words(exc)
+        with signals_held():  # the run is over: one more Ctrl-C (often pressed twice) must not cut its last line
+            code = last_words(exc)
+        if argv is None and isinstance(exc, KeyboardInterrupt):  # this process is the command, and it ends now:
+            previous = dict.fromkeys(HELD_SIGNALS, signal.SIG_IGN)  # one more Ctrl-C while Python exits is no death
+        return code
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def last_words(exc: BaseException) -> int:
@@ -243,6 +268,9 @@ def last_words(exc: BaseException) -> int:
     if isinstance(exc, (UsageError, DistributedRunError)):
         print(f"error: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, UsageError) else 1
+    if isinstance(exc, HungUp):
+        say(exc, "hung up (SIGHUP): the run was stopped and no process it started is left running.")
+        return 129
     if isinstance(exc, Terminated):
         say(exc, "terminated (SIGTERM): the run was stopped and no process it started is left running.")
         return 143

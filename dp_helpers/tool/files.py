@@ -26,8 +26,7 @@ def write_atomic(path, write: Callable[[Path], None]) -> Path:
         os.replace(tmp, path)  # atomic on one file system: the old file or the new one, never a mix
     except Exception as exc:
         if disk_full(exc, path.parent):  # torch.save says "unexpected pos ..." where the disk is full
-            raise OSError(errno.ENOSPC, f"the disk is full: {path.name} could not be written in {path.parent} "
-                          f"(an earlier {path.name}, if any, is kept)") from exc
+            raise full_disk(path, f" (an earlier {path.name}, if any, is kept)") from exc
         raise
     finally:
         with contextlib.suppress(OSError):  # the clean-up must not hide the error that stopped the write
@@ -36,6 +35,30 @@ def write_atomic(path, write: Callable[[Path], None]) -> Path:
 
 
 PARTIAL = ".tmp"  # write_atomic's partial file: <name>.tmp<pid>, renamed into place or removed
+
+
+def full_disk(path: Path, more: str = "") -> OSError:
+    """The error a full disk raises here: one sentence naming the file that could not be written, and where."""
+    return OSError(errno.ENOSPC, f"the disk is full: {path.name} could not be written in {path.parent}{more}")
+
+
+@contextlib.contextmanager
+def named_on_failure(path):
+    """Writes to an open file, whose OSError names no file (ENOSPC on a flush), raise one that names `path`."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is not None or (exc.strerror or "").startswith("the disk is full"):
+            raise
+        path = Path(path)
+        raise (full_disk(path) if disk_full(exc, path.parent) else
+               OSError(exc.errno, exc.strerror or str(exc), str(path))) from exc
+
+
+def append_text(path, text: str) -> None:
+    """Append text to a file (created if missing); a failure names the file."""
+    with named_on_failure(path), open(path, "a", encoding="utf-8") as f:
+        f.write(text)
 
 
 def disk_full(exc: BaseException, folder: Path) -> bool:

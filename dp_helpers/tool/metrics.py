@@ -17,7 +17,7 @@ import time
 import warnings
 from pathlib import Path
 
-from dp_helpers.tool.files import write_text_atomic
+from dp_helpers.tool.files import named_on_failure, write_text_atomic
 from dp_helpers.tool.request import UsageError
 
 REQUIRED = ("rank", "world_size", "epoch", "step", "loss", "samples", "time")
@@ -70,13 +70,15 @@ class MetricsWriter:
         record = {"rank": self.rank, "world_size": self.world_size, "epoch": epoch, "step": step,
                   "loss": encode_float(loss), "samples": int(samples),
                   "time": round(time.perf_counter() - self.start, 6), **extra}
-        self.file.write(json.dumps(record, allow_nan=False) + "\n")
-        self.file.flush()
+        with named_on_failure(self.path):  # a full disk names this file, not just "No space left on device"
+            self.file.write(json.dumps(record, allow_nan=False) + "\n")
+            self.file.flush()
         return record
 
     def close(self) -> None:
         """Close the file."""
-        self.file.close()
+        with named_on_failure(self.path):
+            self.file.close()
 
     def __enter__(self) -> MetricsWriter:
         return self

@@ -3,8 +3,10 @@
 `python -m dp_helpers.tool.launch.agent <torchrun flags> script ...` is `python -m torch.distributed.run`
 with two additions, both made here, after exec, rather than in a pre-exec hook of the launcher (a
 forked child of a threaded parent must not run Python before exec):
-- the parent-death signal: if the launching process dies (a killed Jupyter kernel), torchrun gets
-  SIGTERM and stops its workers;
+- it dies with its launcher: the parent-death signal gives torchrun SIGTERM, and a watchdog thread that sees the
+  launcher gone stops every process of the launch itself and ends this one, whatever torchrun's main thread is
+  doing (a SIGTERM that lands while torchrun starts its workers could leave it waiting forever, at exit, on the
+  log-tailing threads it never stopped: seen after a kill -9 of the CLI);
 - `failures.json` in the run folder: torchrun's ChildFailedError.failures (rank, exit code, signal,
   the exception each rank's @record error file holds), which the launcher reads instead of parsing text.
 With torchrun's own `--run-path --start-method fork` (what run_ddp passes on a Linux machine without a GPU) each
@@ -23,8 +25,12 @@ import atexit
 import json
 import os
 import runpy
+import shutil
 import signal
 import sys
+import tempfile
+import threading
+import time
 import traceback
 from pathlib import Path
 
@@ -32,6 +38,7 @@ from dp_helpers.tool.files import write_text_atomic
 
 PR_SET_PDEATHSIG = 1
 EXITING_S = 2.0  # how long a worker that has written its error file gets to exit before torchrun stops it
+WATCH_S = 0.2  # how often the watchdog asks whether the launcher is still there
 
 
 def die_with_launcher() -> None:
@@ -44,6 +51,50 @@ def die_with_launcher() -> None:
     launcher = os.environ.get("DP_LAUNCHER_PID")
     if launcher and os.getppid() != int(launcher):  # it died before prctl: nobody would stop us later
         sys.exit(1)
+
+
+def watch_launcher() -> None:
+    """A daemon thread that ends this launch once the launcher is gone, even if torchrun never acts on SIGTERM."""
+    launcher = os.environ.get("DP_LAUNCHER_PID")
+    if not launcher or not launcher.isdigit():  # not started by run_ddp: nobody to watch
+        return
+
+    def watch() -> None:
+        """Poll the parent pid (a dead launcher's children are given to another process); then stop everything."""
+        while os.getppid() == int(launcher):
+            time.sleep(WATCH_S)
+        orphaned()
+
+    threading.Thread(target=watch, name="dp-launcher-watchdog", daemon=True).start()
+
+
+def orphaned() -> None:
+    """The launcher died: stop every process of this launch (SIGTERM, then SIGKILL), tidy up, end this process."""
+    import psutil
+
+    from dp_helpers.tool.launch.process import marked, stop_all
+
+    marker = os.environ.get("DP_LAUNCH_ID")
+    stop_all(psutil.Process().children(recursive=True) + (marked(marker) if marker else []))
+    remove_scratch()
+    if os.getpgrp() == os.getpid():  # run_ddp's own session: this also takes a worker forked meanwhile
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+    os._exit(128 + signal.SIGTERM)
+
+
+def use_scratch() -> None:
+    """Keep what torch writes to the temporary folder (its workers' error pickles) in this launch's own folder."""
+    folder = os.environ.get("DP_AGENT_TMPDIR")  # the launcher names it and removes it after the run
+    if folder:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        tempfile.tempdir = folder  # torch.multiprocessing leaves a pytorch-errorfile-*.pickle per raising rank
+
+
+def remove_scratch() -> None:
+    """Remove this launch's temporary folder, whatever is in it."""
+    folder = os.environ.get("DP_AGENT_TMPDIR")
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def exception_line(failure) -> str:
@@ -92,13 +143,16 @@ def keep_every_failure() -> None:
 def main(argv: list[str]) -> int:
     """Run torchrun's launcher; on a worker failure write failures.json, print torchrun's summary, return 1."""
     die_with_launcher()
+    watch_launcher()
     from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     args = torchrun.parse_args(argv)
     if args.run_path:
         torchrun.run_script_path = run_target  # torchrun's --run-path entry point, widened to `-m module`
         keep_every_failure()
+    use_scratch()
     try:
         torchrun.run(args)
     except ChildFailedError as exc:
@@ -106,8 +160,12 @@ def main(argv: list[str]) -> int:
         write_text_atomic(run_dir / "failures.json", json.dumps(failure_records(exc.failures), indent=1) + "\n")
         print(exc, file=sys.stderr, flush=True)  # torchrun's own table, for people reading the log
         return 1
+    except SignalException as exc:  # torchrun was stopped (and stopped its workers): one line, read by diagnose.py
+        print(f"{type(exc).__module__}.{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return 128 + int(exc.sigval)
     finally:
         stop_stragglers()
+        remove_scratch()
     return 0
 
 
@@ -155,6 +213,7 @@ def fresh_python(target: str) -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(number, signal.SIG_DFL)
+    tempfile.tempdir = None  # the agent's is its launch's own folder, removed after the run: a fresh Python's TMPDIR
     torch.seed()  # every rank would draw the agent's random numbers: each fresh Python seeds its own at random
     if "numpy" in sys.modules:  # imported by the agent, so inherited (Python's own random reseeds itself after a fork)
         sys.modules["numpy"].random.seed()
@@ -171,10 +230,28 @@ def stop_stragglers() -> None:
         send(p, signal.SIGKILL)
 
 
+def exit_code(argv: list[str]) -> int:
+    """main()'s code; an error it let through is printed, as Python would, and ends in code 1."""
+    try:
+        return main(argv)
+    except SystemExit as exc:  # torchrun's usage errors (argparse has printed them), die_with_launcher
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        print(exc.code, file=sys.stderr)  # sys.exit("message"), as Python would print it
+        return 1
+    except BaseException:
+        traceback.print_exc()
+        return 1
+
+
 if __name__ == "__main__":
-    code = main(sys.argv[1:])
+    code = exit_code(sys.argv[1:])
     # the workers are gone and every file is closed: skip the interpreter's finalization, which costs
-    # about half a second of CPU once torch is imported, on every launch
-    sys.stdout.flush()
-    sys.stderr.flush()
+    # about half a second of CPU once torch is imported, on every launch, and would wait for ever on
+    # torchrun's log-tailing threads if a signal had cut its start short (they are not daemons)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except OSError:  # the launcher is gone, and its pipe with it
+            pass
     os._exit(code)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,9 @@ def child_env(run_dir: Path, world_size: int, backend: str, extra,
         # failed to connect ("Connection refused") or hung; with this every round gets a fresh store and port
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     env.update(extra or {})
+    # torchrun's agent keeps its temporary files here (agent.py), and run_ddp removes the folder after the run: a
+    # name of the launch's own, set last so that nothing else can name a folder to remove
+    env["DP_AGENT_TMPDIR"] = os.path.join(tempfile.gettempdir(), f"dp-launch-{uuid.uuid4().hex}")
     return env
 
 

@@ -10,6 +10,7 @@ import threading
 import time
 from collections import deque
 
+from dp_helpers.tool.files import named_on_failure
 from dp_helpers.tool.launch.command import GRACE_S, LaunchPlan
 from dp_helpers.tool.launch.diagnose import VICTIM_RE, RunTimeoutError
 from dp_helpers.tool.launch.process import ProcessTree
@@ -101,7 +102,7 @@ class Console:
     """Writes every line to <run>/console.log, echoes worker lines, and reports progress by following rank 0's metrics."""
 
     def __init__(self, plan: LaunchPlan, echo: bool | str):
-        self.echo, self.tail, self.folding = echo, deque(maxlen=TAIL_LINES), {}
+        self.echo, self.tail, self.folding, self.shown_lines = echo, deque(maxlen=TAIL_LINES), {}, 0
         self.rejoin = Rejoin(plan.world_size)
         self.path = plan.run_dir / "console.log"
         self.file = self.path.open("w", encoding="utf-8")
@@ -115,10 +116,12 @@ class Console:
 
     def whole(self, text: str) -> None:
         """Log every line; show worker lines (torchrun's own chatter stays in the log)."""
-        self.file.write(text)
+        with named_on_failure(self.path):
+            self.file.write(text)
         self.tail.append(text)
         if self.echo and text.startswith("[rank ") and (self.echo == "all" or self.shown(text)):
             text = text.rstrip("\n") if self.echo == "all" else consequence(text.rstrip("\n"))
+            self.shown_lines += 1
             if self.bar is not None:
                 self.bar.write(text)
             else:
@@ -144,18 +147,22 @@ class Console:
 
     def tick(self) -> None:
         """Advance the bar by the steps rank 0 finished since the last tick; flush the log."""
-        self.file.flush()
+        with named_on_failure(self.path):
+            self.file.flush()
         if self.bar is not None:
             self.bar.update(self.metrics.new_lines())
 
     def close(self) -> None:
         """Final tick, then close the bar and the log."""
-        for text in self.rejoin.rest():
-            self.whole(text)
-        self.tick()
-        if self.bar is not None:
-            self.bar.close()
-        self.file.close()
+        try:
+            for text in self.rejoin.rest():
+                self.whole(text)
+            self.tick()
+        finally:  # a full disk: the file is closed all the same, and the error names it
+            if self.bar is not None:
+                self.bar.close()
+            with named_on_failure(self.path):
+                self.file.close()
 
     def last(self) -> str:
         """The most recent lines (for error messages)."""

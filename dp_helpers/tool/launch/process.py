@@ -13,12 +13,13 @@ import psutil
 
 from dp_helpers.tool.launch.command import GRACE_S
 
-HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+HELD_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
+                     if hasattr(signal, name))  # Windows has no SIGHUP
 
 
 @contextlib.contextmanager
 def signals_held():
-    """Ctrl-C and SIGTERM wait while the block runs, so that a second one cannot cut short a stop or its record."""
+    """Ctrl-C, SIGTERM and SIGHUP wait while the block runs, so that one more cannot cut short a stop or its record."""
     if threading.current_thread() is not threading.main_thread():  # only the main thread can set handlers
         yield
         return
@@ -59,15 +60,9 @@ class ProcessTree:
         members = list(self.seen.values())
         if self.proc.poll() is None:
             members.append(psutil.Process(self.proc.pid))
-        family = [p for p in members if alive(p)]
-        for p in family:
-            send(p, signal.SIGTERM)
-        _, left = psutil.wait_procs(family, timeout=GRACE_S)
-        for p in left:
-            send(p, signal.SIGKILL)
-        psutil.wait_procs(left, timeout=GRACE_S)
+        stopped = stop_all(members)
         self.proc.wait()
-        return len(family) + (self.sweep() if self.marker else 0)
+        return stopped + (self.sweep() if self.marker else 0)
 
     def sweep(self, passes: int = 20) -> int:
         """SIGKILL every process carrying the marker, pass after pass until a pass finds none; returns how many."""
@@ -81,6 +76,18 @@ class ProcessTree:
             psutil.wait_procs(found, timeout=GRACE_S)
             stopped += len(found)
         return stopped
+
+
+def stop_all(processes: list[psutil.Process]) -> int:
+    """SIGTERM the live ones, SIGKILL what is left after a grace period; returns how many were alive."""
+    family = list({p.pid: p for p in processes if alive(p)}.values())  # each once
+    for p in family:
+        send(p, signal.SIGTERM)
+    _, left = psutil.wait_procs(family, timeout=GRACE_S)
+    for p in left:
+        send(p, signal.SIGKILL)
+    psutil.wait_procs(left, timeout=GRACE_S)
+    return len(family)
 
 
 def marked(marker: str) -> list[psutil.Process]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -63,24 +64,37 @@ def run_ddp(script, *script_args, world_size: int | None = None, backend: str = 
         tree.proc.wait(timeout=GRACE_S * 3)
     except RunTimeoutError as exc:
         stopped, tail = plural(tree.kill(), "process", "processes"), last_lines(console.last())
-        shown = "its output is above" if echo else f"its last output:\n{last_lines(tail, 5) or '(nothing yet)'}"
-        raise RunTimeoutError(f"{exc} {stopped} stopped; {shown}\nevery rank's full output: {console.path}",
-                              log_tail=tail, run_dir=plan.run_dir) from None
+        raise launched(RunTimeoutError(f"{exc} {stopped} stopped; {where_output(console, tail)}\nevery rank's "
+                                       f"full output: {console.path}", log_tail=tail), plan) from None
     except (KeyboardInterrupt, OSError) as exc:  # after the timeout (an OSError too): the caller records the end
-        exc.run_dir = plan.run_dir
+        launched(exc, plan)
         raise
     finally:  # also on KeyboardInterrupt (the notebook's stop button), which then propagates
-        stop_and_close(tree, reader, lines, console)
+        stop_and_close(tree, reader, lines, console, plan)
     log = console.path.read_text(encoding="utf-8")
     if tree.proc.returncode != 0:
-        raise failure(tree.proc.returncode, log, plan.run_dir)
+        raise launched(failure(tree.proc.returncode, log, plan.run_dir), plan)
     return RunResult(tree.proc.returncode, plan.run_dir, time.monotonic() - began, log,
                      plan.command, plan.world_size, plan.backend)
 
 
-def stop_and_close(tree: ProcessTree, reader, lines, console: Console) -> None:
+def where_output(console: Console, tail: str) -> str:
+    """Where a stopped run's output is: above, if any line of it was shown; else its last lines, or that it had none."""
+    if console.shown_lines:
+        return "its output is above"
+    return f"its last output:\n{last_lines(tail, 5)}" if tail.strip() else "it had printed nothing yet"
+
+
+def launched(exc: BaseException, plan) -> BaseException:
+    """exc, carrying what the caller records of a run that did not finish: its folder, world size and backend."""
+    exc.run_dir, exc.world_size, exc.backend = plan.run_dir, plan.world_size, plan.backend
+    return exc
+
+
+def stop_and_close(tree: ProcessTree, reader, lines, console: Console, plan) -> None:
     """Stop the tree if it still runs (reap it, stop orphans that outlived torchrun), then keep its last output."""
     with signals_held():  # a second Ctrl-C (a common gesture) must not leave the tree or the log half done
         tree.kill()
+        shutil.rmtree(plan.env["DP_AGENT_TMPDIR"], ignore_errors=True)  # what torchrun's agent left in TMPDIR
         drain(reader, lines, console, tree.proc.stdout)
         console.close()
