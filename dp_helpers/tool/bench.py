@@ -18,6 +18,7 @@ from pathlib import Path
 
 from dp_helpers.tool import env
 from dp_helpers.tool.files import write_text_atomic
+from dp_helpers.tool.i18n import tr
 from dp_helpers.tool.launch import run_ddp
 from dp_helpers.tool.launch.process import run_tree
 from dp_helpers.tool.request import UsageError, check_int, check_link, resolve_backend
@@ -152,9 +153,10 @@ def measure_all(cfg: BenchConfig, tmp: Path, backend: str, tick) -> tuple[dict, 
 def dataparallel_kind(backend: str) -> str:
     """What the DataParallel numbers are: the real module on GPUs, or the CPU emulation (label every figure)."""
     if backend == "nccl":
-        return "real nn.DataParallel: one process driving N GPUs"
-    return ("CPU emulation (dp_helpers.scratch.dataparallel.scatter_gather): one process, N threads running the replicas' forward; "
-            "autograd runs the whole backward on one CPU thread, so this is not a prediction for GPUs")
+        return tr("real nn.DataParallel: one process driving N GPUs")
+    return tr("CPU emulation (dp_helpers.scratch.dataparallel.scatter_gather): one process, N threads running the "
+              "replicas' forward; autograd runs the whole backward on one CPU thread, so this is not a prediction "
+              "for GPUs")
 
 
 def precision_runs(cfg: BenchConfig, precision: str, n: int, tmp: Path) -> tuple:
@@ -180,7 +182,7 @@ def gpu_section(cfg: BenchConfig, tmp: Path, tick) -> dict:
     """Single-GPU throughput in fp32, fp16 (autocast + GradScaler) and bf16 on nccl, and DDP in each with >= 2 GPUs."""
     n = env.gpu_count()
     if n < 1 or not env.nccl_available():
-        return {"skipped": f"needs a CUDA GPU and NCCL; found {n} GPU(s), nccl={env.nccl_available()}"}
+        return {"skipped": tr("needs a CUDA GPU and NCCL; found {n} GPU(s), nccl={nccl}", n=n, nccl=env.nccl_available())}
     out = {"gpus": list(env.gpu_names(n)), "batch": cfg.default_batch, "single": {}, "ddp": {}}
     for p in cfg.precisions:
         out["single"][p], out["ddp"][p] = precision_runs(cfg, p, n, tmp)

@@ -662,4 +662,20 @@ MESSAGES: dict[str, str] = {
         '反向传播已产生的梯度（MiB），从最后一层开始（▼：一个梯度桶的全归约开始）',
     "DDP's buckets: each is all-reduced once its last gradient is ready":
         'DDP 的梯度桶：桶里最后一个梯度就绪，就对它做全归约',
+    'real nn.DataParallel: one process driving N GPUs':
+        '真正的 nn.DataParallel：一个进程驱动 N 块 GPU',
+    "CPU emulation (dp_helpers.scratch.dataparallel.scatter_gather): one process, N threads running the replicas' forward; autograd runs the whole backward on one CPU thread, so this is not a prediction for GPUs":
+        'CPU 上的模拟实现（dp_helpers.scratch.dataparallel.scatter_gather）：一个进程，N 个线程运行各副本的前向；autograd 在一个 CPU 线程上跑完整个反向传播，所以它不能预测 GPU 上的表现',
+    'needs a CUDA GPU and NCCL; found {n} GPU(s), nccl={nccl}':
+        '需要 CUDA GPU 和 NCCL；找到 {n} 块 GPU，nccl={nccl}',
+    'step {step} done on {n} ranks':
+        '第 {step} 步在 {n} 个 rank 上完成',
+    'node {node} killed (its agent and its worker)':
+        '节点 {node} 被杀掉（它的代理和工作进程）',
+    'resumed on {n} ranks':
+        '在 {n} 个 rank 上恢复',
+    'node {node} started again':
+        '节点 {node} 重新启动',
+    'every agent exited':
+        '所有代理都已退出',
 }

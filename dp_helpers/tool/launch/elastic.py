@@ -23,6 +23,7 @@ from pathlib import Path
 
 import psutil
 
+from dp_helpers.tool.i18n import tr
 from dp_helpers.tool.launch.diagnose import DistributedRunError, RunTimeoutError
 from dp_helpers.tool.launch.process import send
 from dp_helpers.tool.runs import prepare_run_dir
@@ -92,12 +93,12 @@ class Watch:
 def kill_and_bring_back(watch: Watch, agents: list, victim: int, kill_after_step: int) -> None:
     """Kill the victim node after the step, start it again once the others go on without it."""
     nodes, run = watch.nodes, watch.run
-    watch.until(f"step {kill_after_step}/", f"step {kill_after_step} done on {nodes} ranks")
+    watch.until(f"step {kill_after_step}/", tr("step {step} done on {n} ranks", step=kill_after_step, n=nodes))
     kill(agents[victim])
-    watch.note(f"node {victim} killed (its agent and its worker)")
-    watch.until(f"on {nodes - 1} ranks", f"resumed on {nodes - 1} ranks")
+    watch.note(tr("node {node} killed (its agent and its worker)", node=victim))
+    watch.until(f"on {nodes - 1} ranks", tr("resumed on {n} ranks", n=nodes - 1))
     agents[victim] = start(run.command, run.run_dir, victim)
-    watch.note(f"node {victim} started again")
+    watch.note(tr("node {node} started again", node=victim))
 
 
 def run_elastic(script, *script_args, nodes: int = 2, victim: int = 1, kill_after_step: int = 8,
@@ -116,7 +117,7 @@ def run_elastic(script, *script_args, nodes: int = 2, victim: int = 1, kill_afte
     try:
         kill_and_bring_back(watch, agents, victim, kill_after_step)
         codes = [a.wait(timeout=max(watch.deadline - time.monotonic(), 1)) for a in agents]
-        watch.note("every agent exited")
+        watch.note(tr("every agent exited"))
     except subprocess.TimeoutExpired:
         raise RunTimeoutError(f"the nodes were still running {timeout:g}s after the start; see {run_dir}.") from None
     finally:
