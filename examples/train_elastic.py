@@ -1,8 +1,15 @@
 """A job that shrinks and grows: DDP under torchrun with a range of nodes, resuming from a checkpoint each time.
 
-    # one agent per node (here two on one machine), a rendezvous store both reach, 1 to 2 nodes:
+    # one agent per node, a rendezvous store both reach (HOST:PORT, held by one agent or by a host of its own):
     torchrun --nnodes 1:2 --nproc-per-node 1 --max-restarts 3 --rdzv-backend c10d --rdzv-endpoint HOST:PORT \
         --rdzv-id job train_elastic.py --global-batch-size 8
+
+Notebook 11 runs two such agents on one machine, each with `--rdzv-conf is_host=false,last_call_timeout=1
+--monitor-interval 0.5`: the store is held by the notebook (so killing either agent leaves it), the rendezvous
+waits 1 s for more nodes once it has the minimum (torch's default: 30 s), and each agent checks its workers every
+0.5 s (torch's default: 0.1 s). It keeps torch's keep-alive: a node counts as gone after 3 missed heartbeats, 5 s
+apart. torch 2.13's agents also needed TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 there, or a node joining a later round
+waited for a MASTER_ADDR the first round had written once.
 
 When a node dies, the survivors' workers fail in their next all-reduce; their agent restarts them (one of its
 --max-restarts: each agent counts its own), the rendezvous closes with the nodes still there, and the script resumes
