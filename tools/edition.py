@@ -108,12 +108,37 @@ def tokens(source: str) -> list[tokenize.TokenInfo] | None:
         return None
 
 
+FSTRING_START, FSTRING_END = getattr(tokenize, "FSTRING_START", None), getattr(tokenize, "FSTRING_END", None)
+
+
 def code_tokens(source: str) -> list[tuple[int, str]] | str:
     """A code cell as its tokens without comments or blank lines: what a translation must keep."""
     found = tokens(source)
     if found is None:
         return source  # not Python: the text itself must match
-    return [(t.type, t.string) for t in found if t.type not in (tokenize.COMMENT, tokenize.NL)]
+    return [(t.type, t.string) for t in whole_fstrings(found, source) if t.type not in (tokenize.COMMENT, tokenize.NL)]
+
+
+def whole_fstrings(found: list[tokenize.TokenInfo], source: str) -> list[tokenize.TokenInfo]:
+    """Python 3.12+ cuts an f-string into pieces: put each back together as one STRING token, as 3.11 reads it."""
+    if FSTRING_START is None:
+        return found
+    lines = [repr(line) if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines()]
+    lines = [line + "\n" for line in lines]
+    merged, depth, start = [], 0, None
+    for t in found:
+        if t.type == FSTRING_START:
+            depth, start = depth + 1, start if depth else t.start
+        elif t.type == FSTRING_END and depth == 1:
+            text = "".join(lines[start[0] - 1:t.end[0]])[start[1]:]
+            text = text[:len(text) - len(lines[t.end[0] - 1]) + t.end[1]]
+            merged.append(tokenize.TokenInfo(tokenize.STRING, text, start, t.end, t.line))
+            depth = 0
+        elif t.type == FSTRING_END:
+            depth -= 1
+        elif not depth:
+            merged.append(t)
+    return merged
 
 
 def same_code(english: str, chinese: str) -> bool:
