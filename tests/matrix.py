@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from dp_helpers.tool.training import bce_loss
 
@@ -41,6 +42,20 @@ class TiedHead(nn.Module):
     def forward(self, x, step=0):
         h = torch.relu(self.mid(torch.relu(self.inp(x))))
         return torch.sigmoid(nn.functional.linear(h, self.inp.weight.t()).mean(1))  # as F.linear(h, emb.weight)
+
+
+class Checkpointed(nn.Module):
+    """A block and the head recomputed in the backward (torch.utils.checkpoint), reentrant or not."""
+
+    def __init__(self, reentrant: bool = True):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(FEATURES, 16), nn.Linear(16, 16), nn.Linear(16, 1)
+        self.reentrant = reentrant
+
+    def forward(self, x, step=0):
+        h = torch.relu(self.a(x))
+        h = checkpoint(lambda t: torch.relu(self.b(t)), h, use_reentrant=self.reentrant)
+        return torch.sigmoid(checkpoint(self.c, h, use_reentrant=self.reentrant)).squeeze(1)
 
 
 class WithExtra(nn.Linear):
@@ -94,6 +109,8 @@ class Case:
 CASES = {
     "tied weights": Case(Tied),
     "a weight used outside its module (a tied head)": Case(TiedHead),
+    "activation checkpointing, reentrant": Case(Checkpointed),
+    "activation checkpointing, not reentrant": Case(Checkpointed, {"reentrant": False}),
     "frozen parameters": Case(MLP, {"frozen": True}),
     "a parameter unused in some steps": Case(MLP, {"skip_every": 2}, unused=True),  # step 1: momentum must not move it
     "an unused forward output": Case(MLP, {"aux": True}, unused=True),

@@ -116,6 +116,30 @@ def test_identical_gradient_check_can_fail(pools):
         pools.get(2).run(equal_then_different)
 
 
+def heads_by_rank(info) -> dict:
+    """Two same-shape heads: rank r uses head r alone; each head's gradient after average_gradients."""
+    from torch import nn
+
+    from dp_helpers.scratch.collectives.ring import average_gradients
+
+    torch.manual_seed(0)
+    body, heads = nn.Linear(4, 4), nn.ModuleList([nn.Linear(4, 1), nn.Linear(4, 1)])
+    x = torch.randn(6, 4, generator=torch.Generator().manual_seed(info.rank))
+    heads[info.rank](body(x)).sum().backward()
+    own = heads[info.rank].weight.grad.clone()
+    average_gradients(nn.ModuleList([body, heads]))
+    return {"own": own, "heads": [h.weight.grad for h in heads]}
+
+
+@pytest.mark.slow
+def test_averaging_by_hand_pairs_every_parameter_when_a_rank_leaves_one_unused(pools):
+    # each rank all-reduces every parameter, zeros where it has no gradient: the heads are never mixed
+    ranks = pools.get(2).run(heads_by_rank)
+    for r in (0, 1):
+        for rank in ranks:
+            torch.testing.assert_close(rank["heads"][r], ranks[r]["own"] / 2)
+
+
 def ring_on_a_transposed_view(info) -> bool:
     """The ring writes its sum through a non-contiguous view into the base tensor."""
     base = torch.arange(12.0).reshape(3, 4) * (info.rank + 1)

@@ -1,7 +1,7 @@
 """Every data-parallel strategy against one process on the global batch, case by case, on 1 to 4 ranks.
 
 The cases are what a user's own model and loop bring (tests/matrix.py): tied weights, a weight used outside its
-module (a GPT's tied head), frozen parameters, a
+module (a GPT's tied head), activation checkpointing (reentrant or not), frozen parameters, a
 parameter unused in some steps, an output the loss ignores, an unused parameter inside a layer, a parameter some
 ranks use and others not, a short last batch, accumulation over unequal micro-batches normalised by the step's
 sample count, AdamW with weight decay, clipping by the global norm, Adafactor (not elementwise: refused by the

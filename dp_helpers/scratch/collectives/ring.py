@@ -131,7 +131,9 @@ def average_gradients(model: torch.nn.Module, group=None) -> None:
     """Data parallelism by hand: after backward, sum each gradient over the ranks and divide by the world size."""
     world = dist.get_world_size(group)
     for p in model.parameters():
-        if p.grad is not None:
+        if p.requires_grad:  # every rank all-reduces every trained parameter, in the same order
+            if p.grad is None:  # unused on this rank: zeros, or the ranks' all-reduces would pair other tensors
+                p.grad = torch.zeros_like(p)
             dist.all_reduce(p.grad, group=group)
             p.grad /= world
 

@@ -8,8 +8,11 @@
 5. `MiniDDP(find_unused_parameters=True)`: `unreached` walks the forward's graph, and the parameters it misses
    (or the backward never reached) are marked ready contributing zeros, so every bucket is still all-reduced;
    a parameter no rank used keeps its `.grad`, as with DDP.
-Supports: any module whose trained parameters share one device and dtype, `no_sync()` for accumulation, buckets of
-any cap. Refuses: a module with no trainable parameter (as torch's DDP), mixed dtypes or devices, a parameter
+Steps 2 and 3 need every rank to produce every gradient in each backward (as DDP without find_unused_parameters):
+a parameter used on some ranks only would leave its hook silent there, and the ranks' all-reduces would pair
+different tensors. Step 5 lifts that. Supports: any module whose trained parameters share one device and dtype,
+`no_sync()` for accumulation, buckets of any cap, activation checkpointing (the backward's end is queued from the
+outputs, so a reentrant checkpoint's inner backward does not end it early). Refuses: a module with no trainable parameter (as torch's DDP), mixed dtypes or devices, a parameter
 marked ready twice in one backward, a bucket left unreduced (an unused parameter without find_unused_parameters).
 Not built: broadcast_buffers each step, static_graph, gradient_as_bucket_view, communication hooks.
 All run inside a process group (a script under torchrun, or a test's rank pool).
@@ -85,13 +88,30 @@ class AsyncAllReduce(HookAllReduce):
         super().__init__(module)
         self.pending, self.waiting = [], False
 
-    def reduce(self, param: nn.Parameter) -> None:
-        """Param's gradient is final: queue the wait once per backward, then launch."""
-        if not self.sync:
-            return
-        if not self.waiting:  # the first ready gradient of this backward
+    def forward(self, *args, **kwargs):
+        """The wrapped module's forward, its outputs watched for the start of their backward."""
+        return self.watch(self.module(*args, **kwargs))
+
+    def watch(self, out):
+        """Hook the outputs: their gradients arrive first, in the backward that `loss.backward()` started."""
+        if self.sync and torch.is_grad_enabled():
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor) and t.requires_grad:
+                    t.register_hook(lambda grad: self.backward_starts())
+        return out
+
+    def backward_starts(self) -> None:
+        """Queue the wait at the end of this backward, once: queued from a parameter's hook inside a reentrant
+        checkpoint, it would run when the checkpoint's own inner backward ends, before the rest of the gradients."""
+        if not self.waiting:
             engine_callback(self.finish_backward)
             self.waiting = True
+
+    def reduce(self, param: nn.Parameter) -> None:
+        """Param's gradient is final: launch its all-reduce (and queue the wait, if no output hook has)."""
+        if not self.sync:
+            return
+        self.backward_starts()  # a loss that is not built from the outputs: queued here, by the first gradient
         self.launch(param)
 
     def launch(self, param: nn.Parameter) -> None:
@@ -271,16 +291,15 @@ class MiniDDP(AsyncAllReduce):
         out = self.module(*args, **kwargs)
         if self.find_unused and torch.is_grad_enabled():
             self.unused = unreached(out, self.params)
-        return out
+        return self.watch(out)
 
     def reduce(self, param: nn.Parameter) -> None:
         """As before; on the backward's first hook, also mark the parameters the forward did not reach (as DDP)."""
-        first = self.sync and not self.waiting
         super().reduce(param)
-        for p in self.unused if first else []:
-            self.launch(p)
-        if first:
-            self.unused = []  # this forward's set is used up: the next backward needs a new forward
+        if self.sync and self.unused:
+            unused, self.unused = self.unused, []  # this forward's set is used up: the next backward needs a new one
+            for p in unused:
+                self.launch(p)
 
 
 def unreached(outputs, params: list[nn.Parameter]) -> list[nn.Parameter]:

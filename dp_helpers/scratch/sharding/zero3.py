@@ -22,8 +22,10 @@ forward) is gathered where it is used, and its unit is then held full until the 
 FSDP2 does when the embedding sits in the root's group (`GatherOnUse` sees every op of the forward).
 Every rank must run the same units in its forward and in its backward (as with FSDP: a unit used, or fed into the loss,
 on some ranks only would leave their all-gathers unmatched). Not supported: a second backward through a retained graph
-(its gradients would reach the next step), and a module whose input is a leaf tensor that requires grad (the hook on
-that input fires before the module's own weight gradients are in). A rank whose chunks hold padding alone gets one
+(its gradients would reach the next step). A module whose input is a leaf tensor that requires grad (a reentrant
+activation checkpoint's detached copy) is reduced when the backward ends, not after its own backward: the leaf's
+gradient may land before the module's weight gradients. The end of the backward is queued from a hook on the
+wrapper's outputs, so a reentrant checkpoint's inner backward does not end it early. A rank whose chunks hold padding alone gets one
 empty piece, so that an optimizer built over `parameters()` has a parameter on every rank. The pieces are 1-D, so the optimizer must update each element on its own (`zero.ELEMENTWISE`);
 an optimizer that is not (Adafactor, Muon, LBFGS) is refused at its first step. Clip with `model.clip_grad_norm_` (the
 norm over every rank's pieces); `full_state_dict()` gathers every weight by its original name, a state dict the plain
@@ -197,7 +199,16 @@ class Zero3Module(nn.Module):
         for unit in self.units:
             if unit.held and unit not in self.waiting:  # no backward will come for it (no_grad, eval)
                 unit.release()
+        for t in needing_grad(out):  # the outputs' gradients arrive first, in the backward loss.backward() started
+            t.register_hook(lambda grad: self.start_backward())
         return cast_floats(out, self.mp.output_dtype)
+
+    def start_backward(self) -> None:
+        """Queue the end of this backward, once: queued from a unit's hook inside a reentrant checkpoint, it would
+        run when the checkpoint's own inner backward ends, before the units outside it have their gradients."""
+        if not self.pending:
+            engine_callback(self.finish_backward)
+            self.pending, self.before = True, {piece: piece.grad is None for piece in self.pieces}
 
     def hold(self, unit: Unit) -> None:
         """Gather a unit used outside its modules' forward; keep it full and reduce it when the backward ends."""
@@ -213,7 +224,10 @@ class Zero3Module(nn.Module):
         unit.gather()
         self.prefetch(unit, +1)
         inputs = needing_grad(args)
-        if inputs:  # once the gradient reaches the inputs, the module's backward is over (FSDP2's post-backward)
+        # once the gradient reaches the inputs, the module's backward is over (FSDP2's post-backward); but a leaf
+        # input's gradient (a reentrant checkpoint's detached copy, a learner's own tensor) may land before the
+        # module's weight gradients: such a unit is reduced when the whole backward ends
+        if inputs and not any(t.is_leaf for t in inputs):
             torch.autograd.graph.register_multi_grad_hook(inputs, lambda grads: self.post_backward(unit))
 
     def prefetch(self, unit: Unit, direction: int) -> None:
@@ -237,9 +251,7 @@ class Zero3Module(nn.Module):
 
     def before_backward(self, unit: Unit) -> None:
         """Gather this unit for its backward; prefetch the unit whose backward comes next."""
-        if not self.pending:  # the backward's start: finish the rest when it ends
-            engine_callback(self.finish_backward)
-            self.pending, self.before = True, {piece: piece.grad is None for piece in self.pieces}
+        self.start_backward()  # a loss not built from the outputs: queued here, by the first unit's backward
         unit.gather()
         self.prefetch(unit, -1)
 
