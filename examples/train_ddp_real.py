@@ -183,6 +183,7 @@ def load_checkpoint(path: str, model, optimizer, scaler, rank: int, device) -> i
         state = torch.load(path, map_location=device, weights_only=True)
     except Exception:  # one sentence instead of torch's traceback
         sys.exit(f"[rank {rank}] cannot resume: {path} is empty, cut short or not torch.save's.")
+    asked = [group["lr"] for group in optimizer.param_groups]  # --lr: load_state_dict restores the saved one
     try:
         model.module.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
@@ -194,6 +195,10 @@ def load_checkpoint(path: str, model, optimizer, scaler, rank: int, device) -> i
     except (RuntimeError, ValueError):  # the right entries, for other shapes
         sys.exit(f"[rank {rank}] cannot resume: {path} is another model's, optimizer's or "
                  "--precision's.")
+    saved = [group["lr"] for group in optimizer.param_groups]
+    if saved != asked:  # a silent change of --lr on resume would train on with the old one
+        sys.exit(f"[rank {rank}] cannot resume: {path} was trained with --lr {saved[0]:g}; resume with it, or start "
+                 "a new --checkpoint.")
     if rank < len(rng):  # at another world size a new rank keeps its own
         torch.set_rng_state(rng[rank].cpu())
     return epoch  # the sampler's order follows from it: set_epoch(epoch) below

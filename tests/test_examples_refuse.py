@@ -178,6 +178,11 @@ def test_the_real_job_names_what_is_wrong_with_a_checkpoint_it_cannot_load(tmp_p
             job["load_checkpoint"](str(tmp_path / name), model, optimizer, scaler, 0, cpu)
         assert stop.value.code == f"[rank 0] cannot resume: {tmp_path / name} {sentence}"
     assert job["load_checkpoint"](str(tmp_path / "good.pt"), model, optimizer, scaler, 0, cpu) == 2
+    faster = torch.optim.SGD(model.module.parameters(), lr=0.5, momentum=0.9)  # --lr 0.5 on resume
+    with pytest.raises(SystemExit) as stop:
+        job["load_checkpoint"](str(tmp_path / "good.pt"), model, faster, scaler, 0, cpu)
+    assert stop.value.code == (f"[rank 0] cannot resume: {tmp_path / 'good.pt'} was trained with --lr 0.05; resume "
+                               "with it, or start a new --checkpoint.")
 
 
 def writes(monkeypatch) -> list[tuple]:

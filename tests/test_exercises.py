@@ -255,7 +255,7 @@ def slipped(key, **entries):
 
 
 SLIPS = [  # (question, an answer by one known slip, words the checker must say)
-    ("00 rank 1's total after the all-reduce", [8.0, 16.0], "that is the mean"),
+    ("00 rank 1's total after the all-reduce", [8.0, 16.0], "divides each gradient by the world size"),
     ("00 rank 1's total after the all-reduce", [6.0, 16.0], "what rank 1 held before"),
     ("01 rows for 17 on 5", [4, 4, 3, 3, 3], "tensor_split's rule"),
     ("01 devices with work for 9 on 8", 8, "the rows run out"),
@@ -280,6 +280,7 @@ SLIPS = [  # (question, an answer by one known slip, words the checker must say)
     ("07 steps when resuming after 3 of 6 epochs", {"resumes at step": 30, "steps after resuming": 30},
      "5 steps an epoch"),
     ("07 epoch a restart without --checkpoint starts at", 5, "it starts over"),
+    ("07 epoch a restart without --checkpoint starts at", 0, "count from 1"),
     ("08 GB per rank for 1e9 parameters, ZeRO-2 on 8", 2, "ZeRO-3's figure"),
     ("08 GB per rank for 1e9 parameters, ZeRO-2 on 8", 9, "ZeRO-1's figure"),
     ("08 GB per rank for 1e9 parameters, ZeRO-2 on 8", 16, "DDP's figure"),

@@ -79,10 +79,13 @@ def test_every_template_has_a_chinese_entry_with_the_same_placeholders():
     assert not different, f"placeholders differ (template's, entry's): {different}"
 
 
+KEPT_IN_ENGLISH = {"rank {rank}"}  # the glossary keeps rank as it is, rank（进程编号）, as the Chinese prose writes it
+
+
 def test_every_entry_is_used_and_translated():
     unused = sorted(set(MESSAGES) - set(templates()))
     assert not unused, f"messages_zh.MESSAGES holds templates no code uses: {unused}"
-    untranslated = sorted(t for t, zh in MESSAGES.items() if zh == t)
+    untranslated = sorted(t for t, zh in MESSAGES.items() if zh == t and t not in KEPT_IN_ENGLISH)
     assert not untranslated, f"entries left in English: {untranslated}"
 
 

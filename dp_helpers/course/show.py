@@ -90,11 +90,12 @@ class SideBySide:
 
     def _repr_html_(self) -> str:
         cell = '<td style="text-align:left;white-space:pre-wrap;font-family:monospace;font-size:85%">{}</td>'
-        body = "".join("<tr>" + "".join(cell.format(f"<mark>{html.escape(t)}</mark>" if changed and t else
-                                                    html.escape(t)) for t in (x, y)) + "</tr>"
-                       for x, y, changed in self.rows())
+        # classes for a narrow screen (the site's course.css): a changed row shows both lines, one under the other
+        body = "".join(f'<tr class="{"changed" if changed else "same"}">' + "".join(
+            cell.format(f"<mark>{html.escape(t)}</mark>" if changed and t else html.escape(t)) for t in (x, y))
+            + "</tr>" for x, y, changed in self.rows())
         head = "".join(f"<th style='text-align:left'>{html.escape(n)}</th>" for n in self.names)
-        return f"<table><tr>{head}</tr>{body}</table>"
+        return f'<table class="course-diff"><tr class="names">{head}</tr>{body}</table>'
 
     def __repr__(self) -> str:
         return "\n".join(difflib.unified_diff(*self.lines, *self.names, n=self.context, lineterm=""))

@@ -169,9 +169,10 @@ MESSAGES: dict[str, str] = {
     ": {hint}": "：{hint}",
     "on {world_size} ranks, rank {rank} raised {cause}{line}{hint} {logs}.":
         "在 {world_size} 个 rank 上，rank {rank} 抛出了 {cause}{line}{hint}{logs}。",
-    "on {world_size} ranks your code ran past {timeout_s:g} s and was stopped: a loop that never ends? {logs}.":
-        ("在 {world_size} 个 rank 上，你的代码运行超过了 {timeout_s:g} 秒，被强行停止：是不是有个永远不会结束的循环？"
-         "{logs}。"),
+    ("on {world_size} ranks your code ran past {timeout_s:g} s and was stopped: every rank kept waiting. A receive "
+     "that no rank's send meets (a blocking recv before any send?), or a loop that never ends? {logs}."):
+        ("在 {world_size} 个 rank 上，你的代码运行超过了 {timeout_s:g} 秒，被强行停止：每个 rank 都在一直等待。"
+         "是不是有一个接收永远等不到对应的发送（在任何发送之前就阻塞在 recv 上？），或者有一个永远不会结束的循环？{logs}。"),
     ("rank(s) {left} finished while rank(s) {needing} still needed them: every rank must run every step, since "
      "DDP's backward is a collective, as is every all_reduce {logs}."):
         ("rank {left} 已经结束，而 rank {needing} 仍然需要它们：每个 rank 都必须跑完每一步，"
@@ -340,7 +341,7 @@ MESSAGES: dict[str, str] = {
     ("{problem}{direction}, as measured on rank 0 of {world_size}. Mind the padding of the flat buffer to a "
      "multiple of the world size, and Adam's 4-byte step counter."):
         ("{problem}{direction}（以 {world_size} 个 rank 中 rank 0 的实测值为准）。"
-         "注意扁平缓冲区要补齐到进程总数的整数倍，还有 Adam 的 4 字节 step 计数器。"),
+         "注意扁平缓冲区要填充到进程总数的整数倍，还有 Adam 的 4 字节 step 计数器。"),
     "measured on {world_size} gloo ranks, rank 0 holds exactly what you predicted: {measured}.":
         "在 {world_size} 个 gloo rank 上实测，rank 0 持有的字节数与你的预测完全一致：{measured}。",
     "the ring_all_gather skeleton": "ring_all_gather 骨架",
@@ -397,7 +398,7 @@ MESSAGES: dict[str, str] = {
      "each other's file."):
         "rank {rank} 也写了检查点：只有 rank 0 可以写（放在 `if rank == 0:` 下面），否则各 rank 会互相覆盖文件。",
     "nothing was written at --checkpoint {path}: rank 0 must torch.save the state there after every epoch.":
-        "--checkpoint {path} 处什么也没写：rank 0 必须在每个 epoch 之后用 torch.save 把状态保存到那里。",
+        "--checkpoint {path} 处什么也没写：rank 0 必须在每一轮之后用 torch.save 把状态保存到那里。",
     ("rank 0 wrote straight into {path}: a run killed mid-write leaves half a file; write a temporary file and "
      "os.replace it onto {path}."):
         "rank 0 直接写进了 {path}：写到一半被杀掉的运行会留下半个文件；请先写一个临时文件，再用 os.replace 把它换到 {path}。",
@@ -405,11 +406,11 @@ MESSAGES: dict[str, str] = {
         "rank 0 从未把文件重命名为 {path}：请先写一个临时文件，再调用 os.replace(tmp, {path})。",
     ("stopped after epoch 1, the resumed run trained epochs {epochs}: load_checkpoint must return the epoch the "
      "checkpoint saved (next_epoch), so that training goes on at epoch 2."):
-        "在第 1 个 epoch 后停下，恢复后的运行训练的是第 {epochs} 个 epoch：load_checkpoint 必须返回检查点保存的 epoch（next_epoch），训练才会从第 2 个 epoch 接着进行。",
+        "在第 1 轮后停下，恢复后的运行训练的是第 {epochs} 轮：load_checkpoint 必须返回检查点保存的轮次（next_epoch），训练才会从第 2 轮接着进行。",
     ("on resume rank {rank} never loaded an optimizer state: optimizer.load_state_dict(...) on every rank, or SGD's "
      "momentum starts again from zero."):
         "恢复时 rank {rank} 没有加载优化器状态：每个 rank 都要调用 optimizer.load_state_dict(...)，否则 SGD 的动量会从零开始。",
-    "stopped after epoch 1 and resumed on {world_size} ranks": "在 {world_size} 个 rank 上训练一个 epoch 后停下再恢复",
+    "stopped after epoch 1 and resumed on {world_size} ranks": "在 {world_size} 个 rank 上训练一轮后停下再恢复",
     "on {world_size} ranks": "在 {world_size} 个 rank 上",
     "{what}, nothing was saved at --out: keep main()'s torch.save of the model.":
         "{what}，--out 处什么也没保存：请保留 main() 中保存模型的 torch.save。",
@@ -422,7 +423,7 @@ MESSAGES: dict[str, str] = {
     ("on 2 ranks (stopped after epoch 1 and resumed) and on 3, your script ends with the weights and prints the scores "
      "of one process on the global batch of {batch}, with one all-reduce per optimizer step and a checkpoint rank 0 "
      "alone writes and renames into place."):
-        "在 2 个 rank 上（训练一个 epoch 后停下再恢复）和 3 个 rank 上，你的脚本得到的权重和打印的得分都与全局批次为 {batch} 的单进程相同；每个优化器步骤只做一次全归约，检查点只由 rank 0 写入并重命名到位。",
+        "在 2 个 rank 上（训练一轮后停下再恢复）和 3 个 rank 上，你的脚本得到的权重和打印的得分都与全局批次为 {batch} 的单进程相同；每个优化器步骤只做一次全归约，检查点只由 rank 0 写入并重命名到位。",
     # notebook 08's exercise 5: the FSDP2 script (fsdp_check.py)
     "the FSDP2 skeleton": "FSDP2 脚本的骨架",
     "write its three functions": "写出其中的三个函数",
@@ -491,10 +492,10 @@ MESSAGES: dict[str, str] = {
     'step': '步',
     'loss': '损失',
     'rows': '行数',
-    "position in the rank's shard (red frame: a padded repeat)": '在该 rank 分片中的位置（红框：补齐用的重复样本）',
+    "position in the rank's shard (red frame: a padded repeat)": '在该 rank 分片中的位置（红框：填充用的重复样本）',
     'batch\n{total} rows\n(device 0)': '批次\n{total} 行\n（设备 0）',
     'outputs\n{total} rows\ngathered on\ndevice 0': '输出\n{total} 行\n收集到\n设备 0',
-    'scatter\n(+ replicate)': '散射\n（+ 复制模型）',
+    'scatter\n(+ replicate)': '分发\n（+ 复制模型）',
     'gather': '收集',
     "ms since the backward started (an all-reduce's bar: launched to completed, waiting included)": '反向传播开始后的毫秒数（全归约的条：从发起到完成，含等待）',
     'each all-reduce is launched while the backward still computes': '每次全归约都在反向传播仍在计算时发起',
@@ -519,7 +520,7 @@ MESSAGES: dict[str, str] = {
     '{label}: non-finite loss': '{label}：非有限的损失',
     'training loss: thin lines are single ranks': '训练损失：细线是单个 rank',
     'training loss': '训练损失',
-    'rank {rank}': '进程 {rank}',
+    'rank {rank}': 'rank {rank}',
     'mean of {n} ranks': '{n} 个 rank 的平均',
     'epoch mean': '每轮平均',
     'dev {d}': '设备 {d}',
@@ -559,7 +560,7 @@ MESSAGES: dict[str, str] = {
     'start': '开始',
     'exposed communication ({ms} ms)': '暴露的通信（{ms} ms）',
     'replica {r}': '副本 {r}',
-    '{label} rank {rank}': '{label} 的进程 {rank}',
+    '{label} rank {rank}': '{label} 的 rank {rank}',
     'DataParallel, CPU emulation (threads)': 'DataParallel，CPU 模拟（线程）',
     ' = formula': ' = 公式',
     '\n(formula {formula})': '\n（公式 {formula}）',
@@ -570,8 +571,10 @@ MESSAGES: dict[str, str] = {
     'formula': '公式',
     'cost model': '代价模型',
     '{part} ({size} B each)': '{part}（每个 {size} B）',
-    'that is the mean: all_reduce sums by default (DDP divides by the world size afterwards)':
-        '这是平均值：all_reduce 默认求和（是 DDP 在之后再除以进程总数）',
+    "that is the mean: all_reduce sums by default (the average is DDP's own doing: it divides each gradient by the world size)":
+        '这是平均值：all_reduce 默认求和（求平均是 DDP 自己做的：它把每个梯度除以进程总数）',
+    'epochs count from 1 here: the first epoch is epoch 1':
+        '这里的轮次从 1 开始数：第一轮就是第 1 轮',
     'that is what rank 1 held before: all_reduce changes the tensor in place on every rank':
         '这是 rank 1 原来的值：all_reduce 会在每个进程上原地修改张量',
     "that is rank 0's tensor: all_reduce sums every rank's, it does not copy one":
@@ -609,7 +612,7 @@ MESSAGES: dict[str, str] = {
     "that variance divides by N - 1 (torch.var's default): BatchNorm normalises with the biased one, divided by N":
         '这个方差除以的是 N - 1（torch.var 的默认做法）。BatchNorm 用的是有偏方差，除以 N',
     'the sampler pads 10 samples to 12, so that each of the 4 ranks gets 3':
-        '采样器把 10 个样本补齐到 12 个，让 4 个进程各拿 3 个',
+        '采样器把 10 个样本填充到 12 个，让 4 个进程各拿 3 个',
     'steps count from 0 here: after 15 steps the next one is step 15':
         '这里的步数从 0 开始数：走完 15 步之后，下一步是第 15 步',
     'a step takes 2 ranks x 10 = 20 samples: 5 steps an epoch, not 10':
@@ -635,9 +638,9 @@ MESSAGES: dict[str, str] = {
     'the number of ranks does not enter: each sends the parameters once per 32 steps, as DDP sends the gradients once per step':
         '进程数不影响结果：DiLoCo 每 32 步发送一次参数，DDP 每步发送一次梯度',
     '4000 MB is every fragment: one synchronisation sends one fragment, a quarter':
-        '4000 MB 是全部分段的大小。一次同步只发送一个分段，也就是四分之一',
+        '4000 MB 是全部片段的大小。一次同步只发送一个片段，也就是四分之一',
     "250 million is the fragment's values: each is 4 bytes of fp32":
-        '2.5 亿是一个分段的数值个数。每个 fp32 数值占 4 字节',
+        '2.5 亿是一个片段的数值个数。每个 fp32 数值占 4 字节',
     'a chunk keeps its sum after it is forwarded: count the chunks this rank received in earlier steps too':
         '数据块转发出去之后，它的和仍然留在本进程。前几步收到的数据块也要算上',
     "one too few: a chunk that arrives holds the sender's sum, and the receiver adds its own values to it":

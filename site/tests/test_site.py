@@ -422,6 +422,30 @@ def test_no_notebook_page_is_wider_than_a_phone(server, browser):
     page.close()
 
 
+DIFF_ROWS = """() => [...document.querySelectorAll('table.course-diff tr')].map(row => ({
+    kind: row.className, cells: [...row.cells].map(cell => {
+        const box = cell.getBoundingClientRect();
+        return {shown: getComputedStyle(cell).display !== 'none', left: Math.round(box.left), top: box.top,
+                right: box.right}; })}))"""
+
+
+def test_on_a_phone_notebook_00s_diff_reads_as_one_column(server, browser):
+    """Under 600 px the side-by-side diff is one column: a changed row's old line above its new one at the
+    same left edge, a shared line once, nothing past the screen's edge."""
+    page = browser.new_page(viewport={"width": 390, "height": 800})
+    for root in ("", "zh-CN/"):
+        page.goto(f"{server}/{root}notebooks/00_ddp_in_one_picture.html", wait_until="networkidle")
+        rows = page.evaluate(DIFF_ROWS)
+        assert rows and any(r["kind"] == "changed" for r in rows) and any(r["kind"] == "same" for r in rows)
+        for row in rows:
+            old, new = row["cells"]
+            assert new["shown"] and new["right"] <= 390 + 1, (root, row)
+            assert old["shown"] == (row["kind"] != "same"), (root, row)  # a shared line once
+            if old["shown"]:
+                assert old["left"] == new["left"] and old["top"] < new["top"], (root, row)
+    page.close()
+
+
 TABLE_CELLS = """() => [...document.querySelectorAll('.bd-article table')].map(table => {
     const names = [...table.querySelectorAll('thead th')].map(th => th.textContent.trim());
     const cells = [...table.querySelectorAll('tbody tr')].flatMap(row => [...row.cells].map(

@@ -201,8 +201,8 @@ LIKELY_MISTAKES = {
                      "take together")),
         (8, tr_later("8 is one process's batch: one device must take all 4 processes' samples in one step"))],
     "00 rank 1's total after the all-reduce": [
-        ([8.0, 16.0], tr_later("that is the mean: all_reduce sums by default (DDP divides by the world size "
-                               "afterwards)")),
+        ([8.0, 16.0], tr_later("that is the mean: all_reduce sums by default (the average is DDP's own doing: it "
+                               "divides each gradient by the world size)")),
         ([6.0, 16.0], tr_later("that is what rank 1 held before: all_reduce changes the tensor in place on every "
                                "rank")),
         ([10.0, 16.0], tr_later("that is rank 0's tensor: all_reduce sums every rank's, it does not copy one"))],
@@ -251,7 +251,8 @@ LIKELY_MISTAKES = {
         (_entry("resumes at step", 30), tr_later("a step takes 2 ranks x 10 = 20 samples: 5 steps an epoch, not 10"))],
     "07 epoch a restart without --checkpoint starts at": [
         (5, tr_later("nothing was saved, so the new group cannot know where the old one was: it starts over")),
-        (6, tr_later("nothing was saved, so the new group cannot know where the old one was: it starts over"))],
+        (6, tr_later("nothing was saved, so the new group cannot know where the old one was: it starts over")),
+        (0, tr_later("epochs count from 1 here: the first epoch is epoch 1"))],
     "08 GB per rank for 1e9 parameters, ZeRO-2 on 8": [
         (2, tr_later("2 GB is ZeRO-3's figure, which shards the parameters too; ZeRO-2 keeps every parameter")),
         (9, tr_later("9 GB is ZeRO-1's figure, which keeps every gradient; ZeRO-2 shards the gradients too")),

@@ -178,7 +178,8 @@ def failure_sentence(exc: DistributedRunError, probes: dict, world_size: int, ru
     if mismatch:
         return mismatch
     if isinstance(exc, RunTimeoutError):
-        return tr("on {world_size} ranks your code ran past {timeout_s:g} s and was stopped: a loop that never ends? "
+        return tr("on {world_size} ranks your code ran past {timeout_s:g} s and was stopped: every rank kept waiting. "
+                  "A receive that no rank's send meets (a blocking recv before any send?), or a loop that never ends? "
                   "{logs}.", world_size=world_size, timeout_s=timeout_s, logs=logs)
     left = sorted(r for r, events in probes.items() if any(e["event"] == "end" for e in events))
     if left and ("reset by peer" in cause or "closed by peer" in cause):
