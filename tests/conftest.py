@@ -56,6 +56,23 @@ def nothing_left_in_the_checkout(request):
     assert not left, f"the test left {left}: give its runs a folder under tmp_path"
 
 
+def signal_state() -> dict[str, str]:
+    """This process's ignored and blocked signals as the kernel keeps them (a child inherits both across exec)."""
+    status = Path("/proc/self/status")
+    if not status.is_file():  # not Linux
+        return {}
+    return dict(line.split(":\t") for line in status.read_text().splitlines() if line.startswith(("SigIgn", "SigBlk")))
+
+
+@pytest.fixture(autouse=True)
+def signals_left_as_found():
+    """A test may not leave a signal ignored or blocked: every later process this worker starts would inherit it
+    (a CLI with SIGINT ignored does not stop on Ctrl-C)."""
+    before = signal_state()
+    yield
+    assert signal_state() == before, "the test left a signal ignored or blocked"
+
+
 @pytest.fixture(autouse=True)
 def private_tmpdir(tmp_path, monkeypatch):
     """torchrun leaves a torchelastic_* folder in TMPDIR per launch: keep them inside the test's tmp_path."""

@@ -204,8 +204,9 @@ class Zero3Module(nn.Module):
         return cast_floats(out, self.mp.output_dtype)
 
     def start_backward(self) -> None:
-        """Queue the end of this backward, once: queued from a unit's hook inside a reentrant checkpoint, it would
-        run when the checkpoint's own inner backward ends, before the units outside it have their gradients."""
+        """Queue the end of this backward, once; the output hooks call it first."""
+        # queued from a unit's hook inside a reentrant checkpoint, it would run when the checkpoint's own inner
+        # backward ends, before the units outside it have their gradients
         if not self.pending:
             engine_callback(self.finish_backward)
             self.pending, self.before = True, {piece: piece.grad is None for piece in self.pieces}
