@@ -102,8 +102,7 @@ class AsyncAllReduce(HookAllReduce):
 
     def backward_starts(self) -> None:
         """Queue the wait at the end of this backward, once; the output hooks call it first."""
-        # queued from a parameter's hook inside a reentrant checkpoint, it would run when the checkpoint's own inner
-        # backward ends, before the rest of the gradients
+        # not from a parameter's hook: in a reentrant checkpoint it would run when that inner backward ends
         if not self.waiting:
             engine_callback(self.finish_backward)
             self.waiting = True

@@ -205,8 +205,7 @@ class Zero3Module(nn.Module):
 
     def start_backward(self) -> None:
         """Queue the end of this backward, once; the output hooks call it first."""
-        # queued from a unit's hook inside a reentrant checkpoint, it would run when the checkpoint's own inner
-        # backward ends, before the units outside it have their gradients
+        # not from a unit's hook: in a reentrant checkpoint it would run when that inner backward ends
         if not self.pending:
             engine_callback(self.finish_backward)
             self.pending, self.before = True, {piece: piece.grad is None for piece in self.pieces}
