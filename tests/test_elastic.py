@@ -28,6 +28,37 @@ def test_a_run_that_cannot_shrink_is_refused_before_anything_starts(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def elastic_settings() -> list[str]:
+    """The settings the agents' line changes from torch's defaults, as `key=value` or `--flag value`."""
+    line = agent_command(SCRIPT, [], 2, "HOST:PORT", 1)
+    conf = line[line.index("--rdzv-conf") + 1].split(",")
+    return [*conf, f"--monitor-interval {line[line.index('--monitor-interval') + 1]}"]
+
+
+@pytest.mark.parametrize("name", ["11_training_that_keeps_going.ipynb", "11_training_that_keeps_going.zh-CN.ipynb"])
+def test_notebook_11_states_the_rendezvous_settings_the_agents_run_with(name):
+    import nbformat
+
+    prose = " ".join(c.source for c in nbformat.read(REPO / "notebooks" / name, as_version=4).cells
+                     if c.cell_type == "markdown")
+    assert [s for s in elastic_settings() if s not in prose] == []
+
+
+def test_the_take_home_scripts_command_line_states_the_same_settings():
+    docstring = " ".join(SCRIPT.read_text().split('"""')[1].split())  # its lines joined
+    assert [s for s in elastic_settings() if s not in docstring] == []
+
+
+def test_notebook_11_shows_the_quorum_the_new_group_the_healing_and_the_agents_line():
+    import nbformat
+
+    code = " ".join(c.source for c in nbformat.read(REPO / "notebooks" / "11_training_that_keeps_going.ipynb",
+                                                    as_version=4).cells if c.cell_type == "code")
+    shown = set(re.findall(r"show\(([^)]*)\)", code))
+    names = {name.strip() for call in shown for name in call.split(",")}
+    assert {"Quorum.meet", "Quorum.wait_for", "Replica.join", "Replica.heal", "agent_command"} <= names
+
+
 def segments(printed: str) -> list[tuple[int, int, int]]:
     """(first step, last step, world size) of each stretch rank 0 announced."""
     return [(int(a), int(b), int(w)) for a, b, w in re.findall(r"steps (\d+)-(\d+) on (\d+) ranks", printed)]
