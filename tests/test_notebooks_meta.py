@@ -121,6 +121,17 @@ def test_a_deep_dive_heading_takes_its_section_or_exercise_off_the_core_route():
     assert deep == [(False, 0), (False, 153), (True, 306), (True, 153), (False, 3), (True, 154)]
 
 
+def test_a_folded_note_counts_for_the_whole_notebook_but_not_for_its_core_route(tmp_path):
+    from tools import notebooks
+
+    note = "<details><summary>Why?</summary>\n\n" + "word " * 1500 + "\n\n</details>"
+    for name, text in (("plain", "word " * 1500), ("noted", "word " * 1500 + note)):
+        nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(text)]), tmp_path / name)
+    plain, noted = (notebooks.minutes(tmp_path / name) for name in ("plain", "noted"))
+    assert noted["core, with its exercises"] == plain["core, with its exercises"] == 10
+    assert noted["with exercises"] == 2 * plain["with exercises"] == 20
+
+
 def exported_names() -> set[str]:
     names = set()
     for mod in pkgutil.walk_packages(dp_helpers.__path__, "dp_helpers."):

@@ -191,6 +191,13 @@ def parts(cells) -> list[tuple[bool, list]]:
     return out
 
 
+def without_notes(cell):
+    """A markdown cell without its folded <details> notes (any other cell as it is)."""
+    if cell.cell_type != "markdown":
+        return cell
+    return nbformat.v4.new_markdown_cell(re.sub(r"<details[^>]*>.*?</details>", " ", cell.source, flags=re.S))
+
+
 def cost(cells) -> tuple[float, int, int]:
     """Reading minutes, questions and code exercises of some cells."""
     words = sum(len(c.source.split()) for c in cells if c.cell_type == "markdown")
@@ -205,7 +212,7 @@ def minutes(path: Path) -> dict:
     """A notebook's minutes for a learner (running excluded): reading, with the exercises, and its core alone."""
     cut = parts(nbformat.read(path, as_version=4).cells)
     every = [c for _, cells in cut for c in cells]
-    core = [c for deep, cells in cut if not deep for c in cells]
+    core = [without_notes(c) for deep, cells in cut if not deep for c in cells]  # a first reading skips notes
     extra, whole = EXTRA_MINUTES.get(path.name[:2], 0), cost(every)
     return {"reading": round(whole[0]), "with exercises": round(with_exercises(*whole) + extra),
             "core, with its exercises": round(with_exercises(*cost(core)) + extra)}
